@@ -1,0 +1,208 @@
+"""Connecting to the outbox database: URL checks, SQLite tuning, error translation.
+
+SQLite notes: WAL lets readers (the console) run beside one writer; a busy
+timeout makes a second writer wait instead of failing with "database is
+locked"; and write transactions begin IMMEDIATE so a transaction that read
+first can never fail to upgrade to a writer halfway through. Read-only callers
+ask for deferred transactions with ``read_only_engine``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from sqlalchemy import event, text
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from engine.errors import (
+    DatabaseUnavailableError,
+    DatabaseUrlError,
+    SchemaMissingError,
+    StorageError,
+)
+from engine.schema import metadata
+
+DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./outbox.db"
+SQLITE_BUSY_TIMEOUT_SECONDS = 30.0
+_READ_ONLY_OPTION = "outbox_read_only"
+_ASYNC_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+asyncpg"}
+_SUPPORTED = ("sqlite+aiosqlite", "postgresql+asyncpg")
+
+
+def parse_database_url(url: str | URL) -> URL:
+    """Parse and normalise a URL to one of the supported async drivers.
+
+    ``postgresql://`` and ``sqlite:///`` are accepted and mapped to asyncpg and
+    aiosqlite; anything else is a ``DatabaseUrlError`` naming the problem.
+    """
+    try:
+        parsed = make_url(url) if isinstance(url, str) else url
+    except ArgumentError as exc:
+        raise DatabaseUrlError(f"invalid database URL {mask_url(str(url))!r}: {exc}") from None
+    name = parsed.drivername
+    if name in _ASYNC_DRIVERS:
+        parsed = parsed.set(drivername=_ASYNC_DRIVERS[name])
+    elif name == "postgres":
+        parsed = parsed.set(drivername="postgresql+asyncpg")
+    if parsed.drivername not in _SUPPORTED:
+        raise DatabaseUrlError(
+            f"unsupported database URL scheme {name!r} in {mask_url(parsed)!r}: "
+            "use sqlite+aiosqlite:///path.db or postgresql+asyncpg://user:pass@host/db"
+        )
+    if parsed.drivername.startswith("sqlite") and not parsed.database:
+        raise DatabaseUrlError(
+            "an in-memory SQLite database cannot be shared by a dispatcher and a console: "
+            "give a file path, e.g. sqlite+aiosqlite:///./outbox.db"
+        )
+    return parsed
+
+
+def mask_url(url: str | URL) -> str:
+    """The URL with its password replaced by ``***`` (safe to print or log)."""
+    if isinstance(url, URL):
+        return url.render_as_string(hide_password=True)
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+
+
+def mask_secrets(message: str, *urls: str | URL) -> str:
+    """Remove the passwords of ``urls`` (and any URL-looking credentials) from text."""
+    for url in urls:
+        password = url.password if isinstance(url, URL) else _password_of(url)
+        if password:
+            message = message.replace(str(password), "***")
+    return re.sub(r"(://[^:/@\s]*:)[^@\s]*@", r"\1***@", message)
+
+
+def _password_of(url: str) -> str | None:
+    try:
+        return make_url(url).password
+    except Exception:
+        return None
+
+
+def create_engine(url: str | URL, **kwargs: Any) -> AsyncEngine:
+    """Create an ``AsyncEngine`` tuned for the outbox on SQLite or PostgreSQL."""
+    parsed = parse_database_url(url)
+    if parsed.drivername.startswith("sqlite"):
+        connect_args = dict(kwargs.pop("connect_args", {}))
+        connect_args.setdefault("timeout", SQLITE_BUSY_TIMEOUT_SECONDS)
+        try:
+            engine = create_async_engine(parsed, connect_args=connect_args, **kwargs)
+        except NoSuchModuleError as exc:  # pragma: no cover - driver missing from install
+            raise DatabaseUrlError(str(exc)) from None
+        _tune_sqlite(engine)
+        return engine
+    kwargs.setdefault("pool_pre_ping", True)
+    return create_async_engine(parsed, **kwargs)
+
+
+def read_only_engine(engine: AsyncEngine) -> AsyncEngine:
+    """A view of ``engine`` whose transactions never take SQLite's write lock."""
+    return engine.execution_options(**{_READ_ONLY_OPTION: True})
+
+
+def _tune_sqlite(engine: AsyncEngine) -> None:
+    sync_engine = engine.sync_engine
+
+    @event.listens_for(sync_engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Let SQLAlchemy's "begin" event emit BEGIN itself (driver autocommit off).
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_TIMEOUT_SECONDS * 1000)}")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(sync_engine, "begin")
+    def _on_begin(connection: Any) -> None:
+        if connection.get_execution_options().get(_READ_ONLY_OPTION):
+            connection.exec_driver_sql("BEGIN DEFERRED")
+        else:
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def is_postgresql(engine: AsyncEngine) -> bool:
+    return engine.dialect.name == "postgresql"
+
+
+_MISSING_TABLE = re.compile(r"no such table|relation \"?[\w.]+\"? does not exist|UndefinedTable")
+
+
+def translate_storage_error(exc: BaseException, url: str | URL | None = None) -> StorageError:
+    """Turn a driver or SQLAlchemy error into the engine's own one-line error."""
+    detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    first = detail[0] if detail else type(exc).__name__
+    if url is not None:
+        first = mask_secrets(first, url)
+    if _MISSING_TABLE.search(str(exc)):
+        return SchemaMissingError(
+            f"the outbox tables are missing ({first}); create them with `outbox-tui init-db`"
+        )
+    if isinstance(exc, (OSError, ConnectionError, TimeoutError)) or _is_connection_error(exc):
+        where = f" at {mask_url(url)}" if url is not None else ""
+        return DatabaseUnavailableError(f"cannot reach the database{where}: {first}")
+    return StorageError(f"database error: {first}")
+
+
+def _is_connection_error(exc: BaseException) -> bool:
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    text_ = str(exc).lower()
+    return any(
+        marker in text_
+        for marker in (
+            "connection refused",
+            "connect call failed",
+            "unable to open database",
+            "could not connect",
+            "connection was closed",
+            "connection is closed",
+            "password authentication failed",
+            "does not exist",
+            "name or service not known",
+            "timeout",
+        )
+    )
+
+
+@asynccontextmanager
+async def storage_errors(url: str | URL | None = None) -> AsyncIterator[None]:
+    """Re-raise driver errors inside the block as ``StorageError`` subclasses."""
+    try:
+        yield
+    except StorageError:
+        raise
+    except (SQLAlchemyError, OSError, ConnectionError, TimeoutError) as exc:
+        raise translate_storage_error(exc, url) from exc
+    except Exception as exc:  # asyncpg raises its own tree outside SQLAlchemy at connect
+        if type(exc).__module__.startswith(("asyncpg", "sqlite3", "aiosqlite")):
+            raise translate_storage_error(exc, url) from exc
+        raise
+
+
+async def create_schema(engine_or_url: AsyncEngine | str | URL) -> None:
+    """Create the outbox tables and indexes if they do not exist (idempotent)."""
+    owned = not isinstance(engine_or_url, AsyncEngine)
+    engine = create_engine(engine_or_url) if owned else engine_or_url  # type: ignore[arg-type]
+    url = engine.url
+    try:
+        async with storage_errors(url), engine.begin() as conn:
+            await conn.run_sync(metadata.create_all, checkfirst=True)
+    finally:
+        if owned:
+            await engine.dispose()
+
+
+async def check_schema(engine: AsyncEngine) -> None:
+    """Raise ``SchemaMissingError`` unless the outbox tables exist and answer."""
+    async with storage_errors(engine.url), read_only_engine(engine).connect() as conn:
+        await conn.execute(text("SELECT 1 FROM outbox_events WHERE 1 = 0"))

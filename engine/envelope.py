@@ -1,0 +1,78 @@
+"""What a handler or relay receives: one outbox event, decoded."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from engine.context import TaskContext
+
+
+@dataclass(frozen=True, slots=True)
+class EventEnvelope:
+    """An outbox event as delivered: identity, routing, payload and task context."""
+
+    event_id: str
+    tenant_id: str
+    event_type: str
+    event_version: int
+    aggregate_type: str
+    aggregate_id: str
+    payload: Mapping[str, Any]
+    created_at: datetime
+    attempt_count: int = 1
+    max_attempts: int = 10
+    claim_version: int = 0
+    replay_count: int = 0
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def actor_id(self) -> str | None:
+        value = self.payload.get("actor_id")
+        return None if value is None else str(value)
+
+    @property
+    def request_id(self) -> str | None:
+        value = self.payload.get("request_id")
+        return None if value is None else str(value)
+
+    @property
+    def trace_id(self) -> str | None:
+        value = self.payload.get("trace_id")
+        return None if value is None else str(value)
+
+    @property
+    def is_first_attempt(self) -> bool:
+        return self.attempt_count <= 1
+
+    def task_context(self) -> TaskContext:
+        """The context a handler of this event runs in."""
+        return TaskContext(
+            tenant_id=self.tenant_id,
+            actor_id=self.actor_id or "",
+            request_id=self.request_id or "",
+            trace_id=self.trace_id,
+        )
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> EventEnvelope:
+        """Build from an ``outbox_events`` row mapping."""
+        payload = row["payload"]
+        if not isinstance(payload, Mapping):
+            raise TypeError(f"payload is {type(payload).__name__}, not a JSON object")
+        return cls(
+            event_id=row["id"],
+            tenant_id=row["tenant_id"],
+            event_type=row["event_type"],
+            event_version=int(row["event_version"]),
+            aggregate_type=row["aggregate_type"],
+            aggregate_id=row["aggregate_id"],
+            payload=payload,
+            created_at=row["created_at"],
+            attempt_count=int(row["attempt_count"]),
+            max_attempts=int(row["max_attempts"]),
+            claim_version=int(row["claim_version"]),
+            replay_count=int(row.get("replay_count") or 0),
+        )

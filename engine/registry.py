@@ -1,0 +1,212 @@
+"""Which events exist, what their payloads look like, and who handles them.
+
+An event type and version must be registered before it can be published. A
+schema spec, when given, is checked at publish time and again by the
+dispatcher before handlers run, so a row written before a schema change (or by
+another language) cannot reach a handler malformed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.envelope import EventEnvelope
+from engine.errors import (
+    EventRegistrationError,
+    EventValidationError,
+    TenantMismatchError,
+    UnknownEventTypeError,
+)
+
+Handler = Callable[[EventEnvelope], Awaitable[Any]]
+FieldType = type | tuple[type, ...]
+SubjectSelector = Callable[[Any], str]
+
+CONTEXT_FIELDS: Mapping[str, FieldType] = {"tenant_id": str, "actor_id": str, "request_id": str}
+OPTIONAL_CONTEXT_FIELDS: Mapping[str, FieldType] = {"trace_id": str}
+
+
+def _type_name(expected: FieldType) -> str:
+    if isinstance(expected, tuple):
+        return " | ".join(t.__name__ for t in expected)
+    return expected.__name__
+
+
+def _matches(value: Any, expected: FieldType) -> bool:
+    types = expected if isinstance(expected, tuple) else (expected,)
+    if isinstance(value, bool) and bool not in types:
+        return False  # bool is an int subclass; a flag is not a count
+    if isinstance(value, int) and float in types and not isinstance(value, bool):
+        return True
+    return isinstance(value, types)
+
+
+@dataclass(frozen=True, slots=True)
+class EventSchemaSpec:
+    """Required and optional payload fields with their JSON types."""
+
+    required: Mapping[str, FieldType] = field(default_factory=dict)
+    optional: Mapping[str, FieldType] = field(default_factory=dict)
+
+    def problems(self, payload: Mapping[str, Any]) -> list[str]:
+        """Every way ``payload`` breaks this spec (empty when it conforms)."""
+        found: list[str] = []
+        for name, expected in self.required.items():
+            if name not in payload or payload[name] is None:
+                found.append(f"missing required field {name!r}")
+            elif not _matches(payload[name], expected):
+                found.append(
+                    f"field {name!r} must be {_type_name(expected)}, "
+                    f"got {type(payload[name]).__name__}"
+                )
+        for name, expected in self.optional.items():
+            if payload.get(name) is not None and not _matches(payload[name], expected):
+                found.append(
+                    f"field {name!r} must be {_type_name(expected)}, "
+                    f"got {type(payload[name]).__name__}"
+                )
+        return found
+
+
+@dataclass(frozen=True, slots=True)
+class RegisteredHandler:
+    event_type: str
+    key: str
+    handler: Handler
+
+
+@dataclass(frozen=True, slots=True)
+class DomainEventMapping:
+    """How one domain event class becomes an outbox row."""
+
+    event_class: type
+    event_type: str
+    event_version: int
+    aggregate_type: str
+    subject: SubjectSelector | None = None
+
+
+class EventRegistry:
+    """Event types with versions and schemas, their handlers, and domain event mappings."""
+
+    def __init__(self) -> None:
+        self._schemas: dict[tuple[str, int], EventSchemaSpec | None] = {}
+        self._handlers: dict[str, list[RegisteredHandler]] = {}
+        self._domain_events: dict[type, DomainEventMapping] = {}
+
+    # -- event types -----------------------------------------------------
+    def register_event(
+        self, event_type: str, version: int = 1, schema: EventSchemaSpec | None = None
+    ) -> None:
+        """Declare that ``event_type`` at ``version`` may be published."""
+        if not event_type or not isinstance(event_type, str):
+            raise EventRegistrationError("event_type must be a non-empty string")
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise EventRegistrationError(f"event_version of {event_type!r} must be an int >= 1")
+        key = (event_type, version)
+        if key in self._schemas:
+            raise EventRegistrationError(f"event {event_type!r} v{version} is registered twice")
+        self._schemas[key] = schema
+
+    def is_registered(self, event_type: str, version: int) -> bool:
+        return (event_type, version) in self._schemas
+
+    def event_types(self) -> list[tuple[str, int]]:
+        """Registered (event_type, version) pairs, sorted."""
+        return sorted(self._schemas)
+
+    def validate_event(
+        self, event_type: str, event_version: int, payload: Any, tenant_id: str
+    ) -> None:
+        """Raise an ``EventValidationError`` unless the event may be published/handled."""
+        if (event_type, event_version) not in self._schemas:
+            known = sorted(v for (t, v) in self._schemas if t == event_type)
+            hint = f" (registered versions: {known})" if known else ""
+            raise UnknownEventTypeError(
+                f"event type {event_type!r} version {event_version} is not registered{hint}"
+            )
+        if not isinstance(payload, Mapping):
+            raise EventValidationError(
+                f"{event_type} v{event_version}: payload must be a JSON object, "
+                f"got {type(payload).__name__}"
+            )
+        context_spec = EventSchemaSpec(CONTEXT_FIELDS, OPTIONAL_CONTEXT_FIELDS)
+        problems = context_spec.problems(payload)
+        spec = self._schemas[(event_type, event_version)]
+        if spec is not None:
+            problems += [p for p in spec.problems(payload) if p not in problems]
+        if problems:
+            raise EventValidationError(f"{event_type} v{event_version}: " + "; ".join(problems))
+        if payload["tenant_id"] != tenant_id:
+            raise TenantMismatchError(
+                f"{event_type} v{event_version}: payload tenant_id {payload['tenant_id']!r} "
+                f"does not match the event's tenant {tenant_id!r}"
+            )
+
+    # -- handlers ---------------------------------------------------------
+    def register_handler(self, event_type: str, handler: Handler, *, key: str) -> None:
+        """Attach ``handler`` to ``event_type`` under a stable ``key``.
+
+        The key names the handler in idempotency records, so it must not change
+        between deployments (renaming it makes a replay re-run the handler).
+        """
+        if not key:
+            raise EventRegistrationError("a handler needs a stable, non-empty key")
+        if not any(t == event_type for (t, _v) in self._schemas):
+            raise EventRegistrationError(
+                f"cannot attach handler {key!r}: event type {event_type!r} is not registered"
+            )
+        existing = self._handlers.setdefault(event_type, [])
+        if any(h.key == key for h in existing):
+            raise EventRegistrationError(
+                f"handler key {key!r} is registered twice for {event_type}"
+            )
+        existing.append(RegisteredHandler(event_type, key, handler))
+
+    def handler(self, event_type: str, *, key: str) -> Callable[[Handler], Handler]:
+        """Decorator form of ``register_handler``."""
+
+        def decorate(fn: Handler) -> Handler:
+            self.register_handler(event_type, fn, key=key)
+            return fn
+
+        return decorate
+
+    def handlers_for(self, event_type: str) -> list[RegisteredHandler]:
+        return list(self._handlers.get(event_type, ()))
+
+    def has_handlers(self) -> bool:
+        return any(self._handlers.values())
+
+    def all_handlers(self) -> Iterable[RegisteredHandler]:
+        for handlers in self._handlers.values():
+            yield from handlers
+
+    # -- domain events ----------------------------------------------------
+    def map_domain_event(
+        self,
+        event_class: type,
+        *,
+        event_type: str,
+        event_version: int = 1,
+        aggregate_type: str,
+        subject: SubjectSelector | None = None,
+    ) -> None:
+        """Map a domain event class to its outbox event, once.
+
+        ``subject`` picks the aggregate id from the event (for example
+        ``lambda e: str(e.order_id)``); without it the aggregate's primary key is
+        used.
+        """
+        if event_class in self._domain_events:
+            raise EventRegistrationError(f"domain event {event_class.__qualname__} is mapped twice")
+        if not self.is_registered(event_type, event_version):
+            self.register_event(event_type, event_version)
+        self._domain_events[event_class] = DomainEventMapping(
+            event_class, event_type, event_version, aggregate_type, subject
+        )
+
+    def domain_event_mapping(self, event_class: type) -> DomainEventMapping | None:
+        return self._domain_events.get(event_class)

@@ -1,0 +1,225 @@
+"""The outbox's tables: one ``MetaData`` users can hand to their own Alembic.
+
+``outbox_events`` is a documented contract: every column except id, tenant_id,
+event_type, event_version, aggregate_type, aggregate_id and payload has a
+server-side default, so any language can enqueue an event with plain SQL.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Dialect,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+    literal_column,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.engine.interfaces import Dialect as _Dialect
+from sqlalchemy.types import TypeEngine
+
+from engine.clock import as_utc
+
+PENDING = "pending"
+PUBLISHING = "publishing"
+PUBLISHED = "published"
+FAILED = "failed"
+DEAD_LETTER = "dead_letter"
+STATUSES = (PENDING, PUBLISHING, PUBLISHED, FAILED, DEAD_LETTER)
+ACTIVE_STATUSES = (PENDING, PUBLISHING, FAILED)
+
+DEFAULT_MAX_ATTEMPTS = 10
+_SQLITE_TEXT_FORMAT = "%Y-%m-%d %H:%M:%S.%f"
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """Aware UTC datetimes on every backend.
+
+    PostgreSQL stores ``timestamptz``. SQLite has no date type, so values are
+    stored as fixed-width text (``YYYY-MM-DD HH:MM:SS.ffffff``) that sorts and
+    compares correctly as strings, and come back aware.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: _Dialect) -> TypeEngine[Any]:
+        if dialect.name == "sqlite":
+            return dialect.type_descriptor(String(26))
+        return dialect.type_descriptor(DateTime(timezone=True))
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> Any:
+        if value is None:
+            return None
+        value = as_utc(value)
+        if dialect.name == "sqlite":
+            return value.strftime(_SQLITE_TEXT_FORMAT)
+        return value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if isinstance(value, str):
+            return as_utc(datetime.fromisoformat(value))
+        return as_utc(value)
+
+
+def _now_default() -> Any:
+    """Server-side 'now' in the storage format of each backend."""
+    return text("CURRENT_TIMESTAMP")
+
+
+Json = JSON().with_variant(JSONB(), "postgresql")
+
+metadata = MetaData()
+
+
+def _created_at_column(name: str = "created_at") -> Column[Any]:
+    return Column(name, UtcDateTime(), nullable=False, server_default=_now_default())
+
+
+outbox_events = Table(
+    "outbox_events",
+    metadata,
+    Column("id", String(36), primary_key=True),
+    Column("tenant_id", String(128), nullable=False),
+    Column("event_type", String(200), nullable=False),
+    Column("event_version", Integer, nullable=False),
+    Column("aggregate_type", String(200), nullable=False),
+    Column("aggregate_id", String(200), nullable=False),
+    Column("payload", Json, nullable=False),
+    Column("status", String(16), nullable=False, server_default=PENDING),
+    Column("claim_version", Integer, nullable=False, server_default="0"),
+    Column("attempt_count", Integer, nullable=False, server_default="0"),
+    Column("max_attempts", Integer, nullable=False, server_default=str(DEFAULT_MAX_ATTEMPTS)),
+    Column("next_retry_at", UtcDateTime(), nullable=True),
+    Column("locked_by", String(200), nullable=True),
+    Column("locked_until", UtcDateTime(), nullable=True),
+    Column("last_error", Text, nullable=True),
+    Column("published_at", UtcDateTime(), nullable=True),
+    Column("dead_letter_reason", Text, nullable=True),
+    Column("replay_count", Integer, nullable=False, server_default="0"),
+    Column("last_replayed_at", UtcDateTime(), nullable=True),
+    _created_at_column(),
+    CheckConstraint(
+        "status IN ('pending', 'publishing', 'published', 'failed', 'dead_letter')",
+        name="ck_outbox_events_status",
+    ),
+)
+
+# The claim query's first predicate is exactly this expression, so both SQLite
+# (which matches partial-index predicates textually) and PostgreSQL use the index.
+ACTIVE_PREDICATE = "status IN ('pending', 'publishing', 'failed')"
+
+Index(
+    "ix_outbox_events_active",
+    outbox_events.c.id,
+    postgresql_where=text(ACTIVE_PREDICATE),
+    sqlite_where=text(ACTIVE_PREDICATE),
+)
+# Counting by status and keyset pages within one status (dead letters, filters).
+Index("ix_outbox_events_status_id", outbox_events.c.status, outbox_events.c.id)
+# Retention purge and the "published recently" window.
+Index(
+    "ix_outbox_events_published_at",
+    outbox_events.c.published_at,
+    postgresql_where=text("status = 'published'"),
+    sqlite_where=text("status = 'published'"),
+)
+Index(
+    "ix_outbox_events_aggregate",
+    outbox_events.c.aggregate_type,
+    outbox_events.c.aggregate_id,
+)
+
+process_heartbeats = Table(
+    "process_heartbeats",
+    metadata,
+    Column("instance_id", String(200), primary_key=True),
+    Column("kind", String(32), nullable=False, server_default="dispatcher"),
+    Column("host", String(255), nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("state", String(16), nullable=False, server_default="running"),
+    Column("started_at", UtcDateTime(), nullable=False),
+    Column("last_seen_at", UtcDateTime(), nullable=False),
+    Column("stopped_at", UtcDateTime(), nullable=True),
+    Column("details", Json, nullable=False, server_default=literal_column("'{}'")),
+)
+
+handler_runs = Table(
+    "outbox_handler_runs",
+    metadata,
+    Column("event_id", String(36), primary_key=True),
+    Column("handler_key", String(200), primary_key=True),
+    Column("status", String(16), nullable=False),
+    Column("attempt_count", Integer, nullable=False, server_default="1"),
+    Column("last_error", Text, nullable=True),
+    _created_at_column(),
+    Column("updated_at", UtcDateTime(), nullable=False, server_default=_now_default()),
+    CheckConstraint("status IN ('succeeded', 'failed')", name="ck_outbox_handler_runs_status"),
+)
+
+side_effects = Table(
+    "outbox_side_effects",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("tenant_id", String(128), nullable=False),
+    Column("actor_id", String(200), nullable=False),
+    Column("event_id", String(36), nullable=False),
+    Column("handler_key", String(200), nullable=False),
+    Column("effect_key", String(200), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("request", Json, nullable=True),
+    Column("response", Json, nullable=True),
+    Column("last_error", Text, nullable=True),
+    Column("attempt_count", Integer, nullable=False, server_default="1"),
+    _created_at_column(),
+    Column("updated_at", UtcDateTime(), nullable=False, server_default=_now_default()),
+    UniqueConstraint(
+        "tenant_id",
+        "actor_id",
+        "event_id",
+        "handler_key",
+        "effect_key",
+        name="uq_outbox_side_effects_key",
+    ),
+    CheckConstraint("status IN ('succeeded', 'failed')", name="ck_outbox_side_effects_status"),
+)
+Index("ix_outbox_side_effects_event", side_effects.c.event_id)
+
+replay_log = Table(
+    "outbox_replay_log",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("event_id", String(36), nullable=False),
+    Column("operator", String(200), nullable=False),
+    Column("reason", Text, nullable=True),
+    Column("cleared_dead_letter_reason", Text, nullable=True),
+    Column("cleared_last_error", Text, nullable=True),
+    Column("previous_attempt_count", Integer, nullable=False),
+    Column("replayed_at", UtcDateTime(), nullable=False),
+)
+Index("ix_outbox_replay_log_event", replay_log.c.event_id, replay_log.c.id)
+
+locks = Table(
+    "outbox_locks",
+    metadata,
+    Column("name", String(200), primary_key=True),
+    Column("holder", String(200), nullable=False),
+    Column("expires_at", UtcDateTime(), nullable=False),
+)
+
+ALL_TABLES = (outbox_events, process_heartbeats, handler_runs, side_effects, replay_log, locks)

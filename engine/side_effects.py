@@ -1,0 +1,60 @@
+"""Run an external side effect from a handler at most once per event, handler and key."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from engine.context import current_handler
+from engine.errors import OutboxError
+from engine.idempotency import SUCCEEDED, SideEffectKey
+
+T = TypeVar("T")
+
+
+async def run_event_side_effect(
+    effect_key: str,
+    fn: Callable[[], Awaitable[T] | T],
+    *,
+    request_payload: Any = None,
+) -> T | Any:
+    """Call ``fn`` unless this effect already succeeded for the running handler's event.
+
+    On success the response (which must be JSON-serialisable) is recorded; a
+    later retry of the same event and handler gets the recorded response back
+    without calling ``fn``. If ``fn`` raises, the failure is recorded and the
+    exception propagates, so the handler fails and the event is retried.
+
+    This does not replace the external system's own idempotency key: if the
+    process dies between the call and the record, the call happens again. Pass
+    ``envelope.event_id`` to the external system as well.
+    """
+    invocation = current_handler()
+    if invocation is None:
+        raise OutboxError("run_event_side_effect() must be called from inside an event handler")
+    if not effect_key:
+        raise OutboxError("run_event_side_effect() needs a non-empty effect_key")
+    envelope = invocation.envelope
+    key = SideEffectKey(
+        tenant_id=envelope.tenant_id,
+        actor_id=envelope.actor_id or "",
+        event_id=envelope.event_id,
+        handler_key=invocation.handler_key,
+        effect_key=effect_key,
+    )
+    store = invocation.store
+    existing = await store.find_side_effect(key)
+    if existing is not None and existing.status == SUCCEEDED:
+        return existing.response
+    try:
+        result = fn()
+        if inspect.isawaitable(result):
+            result = await result
+    except Exception as exc:
+        await store.record_side_effect(
+            key, succeeded=False, request=request_payload, error=f"{type(exc).__name__}: {exc}"
+        )
+        raise
+    await store.record_side_effect(key, succeeded=True, request=request_payload, response=result)
+    return result

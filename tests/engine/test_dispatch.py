@@ -1,0 +1,359 @@
+"""Dispatching: claims, fencing, retries with backoff, dead letters, idempotent handlers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from datetime import timedelta
+
+from engine import (
+    BackoffPolicy,
+    DispatchResult,
+    EventHandlerPermanentError,
+    OutboxDispatcher,
+    OutboxEventPublisher,
+    create_engine,
+    unit_of_work,
+)
+from engine.context import current_task_context
+from engine.dispatcher import ExternalPublishResult
+from engine.publisher import OutboxEvent
+
+from .conftest import CTX, order_payload, row, rows
+
+
+async def publish(db, registry, count=1, max_attempts=None, prefix="o"):
+    drafts = [
+        OutboxEvent(
+            "orders.placed",
+            order_payload(f"{prefix}-{i}"),
+            "order",
+            f"{prefix}-{i}",
+            max_attempts=max_attempts,
+        )
+        for i in range(count)
+    ]
+    async with unit_of_work(db, registry=registry, context=CTX) as session:
+        return await OutboxEventPublisher(session).publish_many(drafts)
+
+
+async def test_dispatch_once_publishes_a_batch_through_the_handler(db, registry, clock):
+    seen = []
+
+    @registry.handler("orders.placed", key="orders.audit")
+    async def audit(envelope):
+        seen.append((envelope.event_id, envelope.payload["order_id"], envelope.attempt_count))
+
+    ids = await publish(db, registry, count=5)
+    dispatcher = OutboxDispatcher(db, registry, batch_size=3, clock=clock, dispatcher_id="d1")
+    assert await dispatcher.dispatch_once() == DispatchResult(claimed=3, published=3)
+    assert await dispatcher.dispatch_once() == DispatchResult(claimed=2, published=2)
+    assert await dispatcher.dispatch_once() == DispatchResult()
+    assert [s[0] for s in seen] == ids  # oldest first
+    assert all(s[2] == 1 for s in seen)
+    for stored in await rows(db):
+        assert stored["status"] == "published"
+        assert stored["published_at"] == clock.now
+        assert stored["locked_by"] is None and stored["locked_until"] is None
+        assert stored["claim_version"] == 1 and stored["attempt_count"] == 1
+
+
+async def test_task_context_and_trace_id_reach_the_handler(db, registry, clock):
+    seen = []
+
+    @registry.handler("orders.placed", key="orders.trace")
+    async def trace(envelope):
+        seen.append((envelope.trace_id, current_task_context()))
+
+    await publish(db, registry)
+    await OutboxDispatcher(db, registry, clock=clock).dispatch_once()
+    assert seen == [("trace-abc", CTX)]
+    assert current_task_context() is None  # not leaked out of the handler
+
+
+async def test_transient_failures_follow_backoff_then_dead_letter(db, registry, clock):
+    calls = []
+
+    @registry.handler("orders.placed", key="orders.flaky")
+    async def flaky(envelope):
+        calls.append(clock.now)
+        raise ConnectionError("smtp down")
+
+    [event_id] = await publish(db, registry, max_attempts=4)
+    dispatcher = OutboxDispatcher(
+        db, registry, clock=clock, backoff=BackoffPolicy(base_seconds=10, max_seconds=25)
+    )
+    start = clock.now
+    expected_delays = [10, 20, 25]  # doubling, capped
+    for attempt, delay in enumerate(expected_delays, start=1):
+        assert await dispatcher.dispatch_once() == DispatchResult(claimed=1, failed=1)
+        stored = await row(db, event_id)
+        assert stored["status"] == "failed"
+        assert stored["attempt_count"] == attempt
+        assert stored["next_retry_at"] == clock.now + timedelta(seconds=delay)
+        assert "ConnectionError: smtp down" in stored["last_error"]
+        clock.advance(delay - 1)
+        assert await dispatcher.dispatch_once() == DispatchResult()  # not due yet
+        clock.advance(1)
+    assert await dispatcher.dispatch_once() == DispatchResult(claimed=1, dead_lettered=1)
+    stored = await row(db, event_id)
+    assert stored["status"] == "dead_letter"
+    assert stored["attempt_count"] == 4
+    assert "max attempts reached (4/4)" in stored["dead_letter_reason"]
+    assert stored["next_retry_at"] is None and stored["locked_by"] is None
+    assert [(c - start).total_seconds() for c in calls] == [0, 10, 30, 55]
+    assert await dispatcher.dispatch_once() == DispatchResult()
+
+
+async def test_permanent_error_dead_letters_at_once(db, registry, clock):
+    @registry.handler("orders.placed", key="orders.reject")
+    async def reject(envelope):
+        raise EventHandlerPermanentError("customer account closed")
+
+    [event_id] = await publish(db, registry)
+    result = await OutboxDispatcher(db, registry, clock=clock).dispatch_once()
+    assert result == DispatchResult(claimed=1, dead_lettered=1)
+    stored = await row(db, event_id)
+    assert stored["status"] == "dead_letter"
+    assert stored["attempt_count"] == 1
+    assert stored["dead_letter_reason"].startswith("permanent:")
+    assert "customer account closed" in stored["last_error"]
+
+
+async def test_schema_error_found_at_dispatch_dead_letters_without_calling_handlers(
+    db, registry, clock
+):
+    called = []
+
+    @registry.handler("orders.placed", key="orders.never")
+    async def never(envelope):
+        called.append(envelope)
+
+    async with db.begin() as conn:  # written by another service, bypassing validation
+        await conn.exec_driver_sql(
+            "INSERT INTO outbox_events (id, tenant_id, event_type, event_version, aggregate_type,"
+            " aggregate_id, payload) VALUES ('0190a8e0-0000-7000-8000-000000000001', 'acme',"
+            " 'orders.placed', 1, 'order', 'o-9', '{\"order_id\": 9}')"
+        )
+        await conn.exec_driver_sql(
+            "INSERT INTO outbox_events (id, tenant_id, event_type, event_version, aggregate_type,"
+            " aggregate_id, payload) VALUES ('0190a8e0-0000-7000-8000-000000000002', 'acme',"
+            " 'orders.placed', 7, 'order', 'o-9', '{}')"
+        )
+    result = await OutboxDispatcher(db, registry, clock=clock).dispatch_once()
+    assert result == DispatchResult(claimed=2, dead_lettered=2)
+    first, second = await rows(db)
+    assert first["dead_letter_reason"].startswith("permanent: schema:")
+    assert "'order_id' must be str" in first["dead_letter_reason"]
+    assert "version 7 is not registered" in second["dead_letter_reason"]
+    assert called == []
+
+
+async def test_corrupt_payload_row_is_dead_lettered_and_the_batch_goes_on(
+    sqlite_url, registry, clock
+):
+    from engine import create_schema
+
+    db = create_engine(sqlite_url)
+    await create_schema(db)
+    try:
+        handled = []
+
+        @registry.handler("orders.placed", key="orders.ok")
+        async def ok(envelope):
+            handled.append(envelope.event_id)
+
+        async with db.begin() as conn:
+            await conn.exec_driver_sql(
+                "INSERT INTO outbox_events (id, tenant_id, event_type, event_version,"
+                " aggregate_type, aggregate_id, payload) VALUES"
+                " ('0190a8e0-0000-7000-8000-000000000001', 'acme', 'orders.placed', 1,"
+                " 'order', 'o-1', '{not json')"
+            )
+        [good] = await publish(db, registry)
+        result = await OutboxDispatcher(db, registry, clock=clock).dispatch_once()
+        assert result == DispatchResult(claimed=2, published=1, dead_lettered=1)
+        assert handled == [good]
+        async with db.connect() as conn:
+            status, reason = (
+                await conn.exec_driver_sql(
+                    "SELECT status, dead_letter_reason FROM outbox_events"
+                    " WHERE id = '0190a8e0-0000-7000-8000-000000000001'"
+                )
+            ).one()
+        assert status == "dead_letter"
+        assert "corrupt payload" in reason
+    finally:
+        await db.dispose()
+
+
+async def test_expired_lease_cannot_complete_and_another_dispatcher_reclaims(db, registry, clock):
+    calls = Counter()
+    second = OutboxDispatcher(db, registry, clock=clock, dispatcher_id="d2", lease_seconds=30)
+    inner_results = []
+
+    @registry.handler("orders.placed", key="orders.slow")
+    async def slow(envelope):
+        calls[envelope.event_id] += 1
+        if calls[envelope.event_id] == 1:
+            # The first dispatcher stalls past its lease; the second reclaims meanwhile.
+            clock.advance(31)
+            inner_results.append(await second.dispatch_once())
+
+    [event_id] = await publish(db, registry)
+    first = OutboxDispatcher(db, registry, clock=clock, dispatcher_id="d1", lease_seconds=30)
+    result = await first.dispatch_once()
+    assert inner_results == [DispatchResult(claimed=1, published=1)]
+    assert result == DispatchResult(claimed=1, lost_leases=1)
+    stored = await row(db, event_id)
+    assert stored["status"] == "published"
+    assert stored["claim_version"] == 2
+    assert calls[event_id] == 2
+
+
+async def test_a_stalled_dispatcher_does_not_complete_even_without_a_rival(db, registry, clock):
+    @registry.handler("orders.placed", key="orders.fail_late")
+    async def fail_late(envelope):
+        clock.advance(31)
+        raise RuntimeError("too late anyway")
+
+    [event_id] = await publish(db, registry)
+    dispatcher = OutboxDispatcher(db, registry, clock=clock, dispatcher_id="d1", lease_seconds=30)
+    assert await dispatcher.dispatch_once() == DispatchResult(claimed=1, lost_leases=1)
+    stored = await row(db, event_id)
+    assert stored["status"] == "publishing"  # untouched: the lease had expired
+    assert stored["last_error"] is None
+    # crash recovery: the expired lease is reclaimable
+    recovered = []
+
+    registry._handlers.clear()
+
+    @registry.handler("orders.placed", key="orders.recover")
+    async def recover(envelope):
+        recovered.append(envelope.attempt_count)
+
+    assert await dispatcher.dispatch_once() == DispatchResult(claimed=1, published=1)
+    assert recovered == [2]
+
+
+async def test_a_row_whose_leases_keep_expiring_is_dead_lettered_not_looped(db, registry, clock):
+    [event_id] = await publish(db, registry, max_attempts=2)
+    from engine import store
+
+    for _ in range(2):  # two dispatchers crash while holding it
+        async with db.begin() as conn:
+            claimed = await store.claim_batch(
+                conn, dispatcher_id="crash", batch_size=10, lease=timedelta(seconds=5), now=clock()
+            )
+        assert [c.event_id for c in claimed] == [event_id]
+        clock.advance(6)
+    called = []
+
+    @registry.handler("orders.placed", key="orders.x")
+    async def handler(envelope):
+        called.append(envelope)
+
+    result = await OutboxDispatcher(db, registry, clock=clock).dispatch_once()
+    assert result == DispatchResult(claimed=1, dead_lettered=1)
+    assert called == []
+    assert "lease expired" in (await row(db, event_id))["dead_letter_reason"]
+
+
+async def test_racing_dispatchers_never_handle_one_event_twice(database_url, registry):
+    from engine import create_schema
+
+    engines = [create_engine(database_url) for _ in range(3)]
+    await create_schema(engines[0])
+    try:
+        handled = Counter()
+
+        @registry.handler("orders.placed", key="orders.count")
+        async def count(envelope):
+            handled[envelope.event_id] += 1
+            await asyncio.sleep(0)
+
+        ids = set(await publish(engines[0], registry, count=300))
+        dispatchers = [
+            OutboxDispatcher(e, registry, batch_size=7, dispatcher_id=f"d{i}")
+            for i, e in enumerate(engines)
+        ]
+
+        async def drain(dispatcher):
+            totals = DispatchResult()
+            idle = 0
+            while idle < 3:
+                result = await dispatcher.dispatch_once()
+                totals += result
+                idle = idle + 1 if result.claimed == 0 else 0
+                await asyncio.sleep(0)
+            return totals
+
+        totals = await asyncio.gather(*(drain(d) for d in dispatchers))
+        assert sum(t.published for t in totals) == 300
+        assert sum(t.lost_leases for t in totals) == 0
+        assert set(handled) == ids
+        assert set(handled.values()) == {1}
+        assert {r["status"] for r in await rows(engines[0])} == {"published"}
+        assert {r["claim_version"] for r in await rows(engines[0])} == {1}
+    finally:
+        for e in engines:
+            await e.dispose()
+
+
+async def test_handler_that_succeeded_is_skipped_when_the_event_is_retried(db, registry, clock):
+    calls = Counter()
+
+    @registry.handler("orders.placed", key="orders.first")
+    async def first(envelope):
+        calls["first"] += 1
+
+    @registry.handler("orders.placed", key="orders.second")
+    async def second(envelope):
+        calls["second"] += 1
+        if calls["second"] == 1:
+            raise TimeoutError("crm slow")
+
+    [event_id] = await publish(db, registry)
+    dispatcher = OutboxDispatcher(db, registry, clock=clock, backoff=BackoffPolicy(base_seconds=1))
+    assert await dispatcher.dispatch_once() == DispatchResult(claimed=1, failed=1)
+    clock.advance(1)
+    assert await dispatcher.dispatch_once() == DispatchResult(claimed=1, published=1)
+    assert calls == {"first": 1, "second": 2}
+
+
+async def test_external_publisher_outcomes_and_unattempted_rows_keep_their_budget(
+    db, registry, clock
+):
+    ids = await publish(db, registry, count=3)
+
+    class Relay:
+        def __init__(self):
+            self.batches = []
+
+        async def publish(self, envelopes):
+            self.batches.append([e.event_id for e in envelopes])
+            return ExternalPublishResult(
+                published={ids[0]}, failed={ids[1]: "NO_ROUTE"}, unattempted={ids[2]}
+            )
+
+    relay = Relay()
+    dispatcher = OutboxDispatcher(db, registry, clock=clock, external_publisher=relay)
+    assert await dispatcher.dispatch_once() == DispatchResult(claimed=3, published=1, failed=1)
+    assert relay.batches == [ids]
+    published, failed, released = [await row(db, i) for i in ids]
+    assert published["status"] == "published"
+    assert failed["status"] == "failed" and failed["last_error"] == "NO_ROUTE"
+    assert released["status"] == "pending" and released["attempt_count"] == 0
+    assert released["locked_by"] is None
+
+
+async def test_external_publisher_crash_fails_the_call_without_losing_rows(db, registry, clock):
+    ids = await publish(db, registry, count=2)
+
+    class Broken:
+        async def publish(self, envelopes):
+            raise RuntimeError("channel closed")
+
+    dispatcher = OutboxDispatcher(db, registry, clock=clock, external_publisher=Broken())
+    assert await dispatcher.dispatch_once() == DispatchResult(claimed=2, failed=2)
+    assert {(await row(db, i))["status"] for i in ids} == {"failed"}

@@ -1,0 +1,194 @@
+"""Writing events: same transaction as the business data, validated at publish."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import Column, Integer, MetaData, String, Table, func, insert, select
+
+from engine import (
+    EventValidationError,
+    OutboxEventPublisher,
+    OutboxTransactionError,
+    unit_of_work,
+)
+from engine.errors import TenantMismatchError, UnknownEventTypeError
+from engine.schema import outbox_events
+
+from .conftest import CTX, order_payload, rows
+
+business = MetaData()
+orders = Table(
+    "test_orders", business, Column("id", String(36), primary_key=True), Column("amount", Integer)
+)
+
+
+async def _create_orders(db):
+    async with db.begin() as conn:
+        await conn.run_sync(business.create_all)
+
+
+async def test_commit_writes_business_row_and_event_together(db, registry):
+    await _create_orders(db)
+    async with unit_of_work(db, registry=registry, context=CTX) as session:
+        await session.execute(insert(orders).values(id="o-1", amount=10))
+        event_id = await OutboxEventPublisher(session).publish(
+            "orders.placed", order_payload(), aggregate_type="order", aggregate_id="o-1"
+        )
+    [event] = await rows(db)
+    assert event["id"] == event_id
+    assert event["status"] == "pending"
+    assert event["tenant_id"] == "acme"
+    assert event["payload"] == {
+        "order_id": "o-1",
+        "amount": 10,
+        "tenant_id": "acme",
+        "actor_id": "user-1",
+        "request_id": "req-1",
+        "trace_id": "trace-abc",
+    }
+    assert event["claim_version"] == 0 and event["attempt_count"] == 0
+    assert event["max_attempts"] == 10
+    assert event["created_at"].tzinfo is not None
+
+
+async def test_rollback_leaves_no_event_and_no_business_row(db, registry):
+    await _create_orders(db)
+    with pytest.raises(RuntimeError, match="boom"):
+        async with unit_of_work(db, registry=registry, context=CTX) as session:
+            await session.execute(insert(orders).values(id="o-1", amount=10))
+            await OutboxEventPublisher(session).publish(
+                "orders.placed", order_payload(), aggregate_type="order", aggregate_id="o-1"
+            )
+            raise RuntimeError("boom")
+    assert await rows(db) == []
+    async with db.connect() as conn:
+        assert (await conn.execute(select(func.count()).select_from(orders))).scalar() == 0
+
+
+async def test_nested_unit_of_work_reuses_the_outer_transaction(db, registry):
+    with pytest.raises(RuntimeError):
+        async with unit_of_work(db, registry=registry, context=CTX) as outer:
+            async with unit_of_work(db, registry=registry, context=CTX) as inner:
+                assert inner is outer
+                await OutboxEventPublisher(inner).publish(
+                    "orders.placed", order_payload(), aggregate_type="order", aggregate_id="o-1"
+                )
+            raise RuntimeError("outer fails after the inner block finished")
+    assert await rows(db) == []
+
+
+async def test_publish_outside_a_transaction_raises(db, registry):
+    from sqlalchemy.ext.asyncio import AsyncSession
+
+    async with AsyncSession(db) as session:
+        publisher = OutboxEventPublisher(session, registry)
+        with pytest.raises(OutboxTransactionError, match="inside an active transaction"):
+            await publisher.publish(
+                "orders.placed",
+                order_payload(**CTX.envelope_fields()),
+                aggregate_type="order",
+                aggregate_id="o-1",
+                tenant_id="acme",
+            )
+    assert await rows(db) == []
+
+
+@pytest.mark.parametrize(
+    ("event_type", "version", "payload", "error", "message"),
+    [
+        ("orders.shipped", 1, order_payload(), UnknownEventTypeError, "not registered"),
+        ("orders.placed", 2, order_payload(), UnknownEventTypeError, r"registered versions: \[1\]"),
+        ("orders.placed", 1, {"order_id": "o-1"}, EventValidationError, "missing required field"),
+        (
+            "orders.placed",
+            1,
+            order_payload(amount="ten"),
+            EventValidationError,
+            "'amount' must be int, got str",
+        ),
+        ("orders.placed", 1, order_payload(amount=True), EventValidationError, "must be int"),
+        ("orders.placed", 1, order_payload(note=5), EventValidationError, "'note' must be str"),
+        (
+            "orders.placed",
+            1,
+            order_payload(tenant_id="globex"),
+            TenantMismatchError,
+            "does not match the event's tenant 'acme'",
+        ),
+        ("orders.cancelled", 1, {"request_id": 7}, EventValidationError, "'request_id' must be"),
+        ("orders.placed", 1, order_payload(blob=object()), EventValidationError, "JSON"),
+    ],
+)
+async def test_invalid_events_are_rejected_at_publish(
+    db, registry, event_type, version, payload, error, message
+):
+    with pytest.raises(error, match=message):
+        async with unit_of_work(db, registry=registry, context=CTX) as session:
+            await OutboxEventPublisher(session).publish(
+                event_type,
+                payload,
+                event_version=version,
+                aggregate_type="order",
+                aggregate_id="o-1",
+            )
+    assert await rows(db) == []
+
+
+async def test_payload_must_carry_tenant_actor_and_request_without_a_context(db, registry):
+    with pytest.raises(EventValidationError, match="missing required field 'actor_id'"):
+        async with unit_of_work(db, registry=registry) as session:
+            await OutboxEventPublisher(session).publish(
+                "orders.placed",
+                order_payload(tenant_id="acme", request_id="r"),
+                aggregate_type="order",
+                aggregate_id="o-1",
+                tenant_id="acme",
+            )
+
+
+async def test_publish_many_writes_all_rows_with_time_ordered_ids(db, registry):
+    from engine.publisher import OutboxEvent
+
+    drafts = [
+        OutboxEvent("orders.placed", order_payload(f"o-{i}"), "order", f"o-{i}") for i in range(50)
+    ]
+    async with unit_of_work(db, registry=registry, context=CTX) as session:
+        ids = await OutboxEventPublisher(session).publish_many(drafts)
+    assert ids == sorted(ids) and len(set(ids)) == 50
+    stored = await rows(db)
+    assert [r["aggregate_id"] for r in stored] == [f"o-{i}" for i in range(50)]
+
+
+async def test_a_row_inserted_with_plain_sql_gets_every_default(db):
+    """The table contract: other languages enqueue with a plain INSERT."""
+    async with db.begin() as conn:
+        await conn.exec_driver_sql(
+            "INSERT INTO outbox_events (id, tenant_id, event_type, event_version, aggregate_type,"
+            " aggregate_id, payload) VALUES ('0190a8e0-0000-7000-8000-000000000001', 'acme',"
+            " 'orders.placed', 1, 'order', 'o-9', '{\"order_id\": \"o-9\"}')"
+        )
+    [event] = await rows(db)
+    assert event["status"] == "pending"
+    assert (event["claim_version"], event["attempt_count"], event["max_attempts"]) == (0, 0, 10)
+    assert event["next_retry_at"] is None and event["locked_until"] is None
+    assert event["created_at"].tzinfo is not None
+    assert event["replay_count"] == 0
+
+
+async def test_status_column_rejects_unknown_states(db):
+    from sqlalchemy.exc import IntegrityError
+
+    with pytest.raises(IntegrityError):
+        async with db.begin() as conn:
+            await conn.execute(
+                insert(outbox_events).values(
+                    id="x",
+                    tenant_id="t",
+                    event_type="e",
+                    event_version=1,
+                    aggregate_type="a",
+                    aggregate_id="1",
+                    payload={},
+                    status="done",
+                )
+            )

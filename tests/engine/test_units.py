@@ -1,0 +1,102 @@
+"""Pure logic: ids, backoff, schema specs, URLs."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from datetime import timedelta
+
+import pytest
+
+from engine import BackoffPolicy, EventRegistry, EventSchemaSpec, mask_url
+from engine.clock import uuid7
+from engine.database import mask_secrets, parse_database_url
+from engine.errors import ConfigurationError, DatabaseUrlError, EventRegistrationError
+
+
+def test_uuid7_is_version_7_and_strictly_increasing():
+    ids = [uuid7() for _ in range(5000)]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    parsed = uuid.UUID(ids[0])
+    assert parsed.version == 7 and parsed.variant == uuid.RFC_4122
+
+
+def test_exponential_backoff_doubles_up_to_the_cap():
+    policy = BackoffPolicy(base_seconds=5, max_seconds=300)
+    assert [policy.delay(n).total_seconds() for n in range(1, 9)] == [
+        5,
+        10,
+        20,
+        40,
+        80,
+        160,
+        300,
+        300,
+    ]
+    assert policy.delay(1000) == timedelta(seconds=300)
+
+
+def test_fixed_backoff_and_jitter_bounds():
+    assert BackoffPolicy(kind="fixed", base_seconds=7).delay(9) == timedelta(seconds=7)
+    jittery = BackoffPolicy(base_seconds=10, max_seconds=10, jitter=0.5)
+    delays = {jittery.delay(3, random.Random(i)).total_seconds() for i in range(50)}
+    assert all(5 <= d <= 10 for d in delays) and len(delays) > 10
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"kind": "linear"}, {"base_seconds": -1}, {"jitter": 2}, {"max_seconds": 1}]
+)
+def test_backoff_rejects_invalid_settings(kwargs):
+    with pytest.raises(ConfigurationError):
+        BackoffPolicy(**kwargs)
+
+
+def test_registry_rejects_duplicates_and_handlers_for_unknown_types():
+    reg = EventRegistry()
+    reg.register_event("a.b", 1)
+    with pytest.raises(EventRegistrationError, match="registered twice"):
+        reg.register_event("a.b", 1)
+    with pytest.raises(EventRegistrationError, match="not registered"):
+        reg.register_handler("x.y", lambda e: None, key="k")
+
+    async def handler(envelope):
+        return None
+
+    reg.register_handler("a.b", handler, key="k")
+    with pytest.raises(EventRegistrationError, match="registered twice"):
+        reg.register_handler("a.b", handler, key="k")
+
+
+def test_schema_spec_lists_every_problem():
+    spec = EventSchemaSpec(required={"a": str, "n": (int, float)}, optional={"o": list})
+    assert spec.problems({"a": "x", "n": 1.5}) == []
+    assert spec.problems({"n": "1", "o": {}}) == [
+        "missing required field 'a'",
+        "field 'n' must be int | float, got str",
+        "field 'o' must be list, got dict",
+    ]
+
+
+def test_urls_are_normalised_and_passwords_masked():
+    assert parse_database_url("postgresql://u:p@h/db").drivername == "postgresql+asyncpg"
+    assert parse_database_url("sqlite:///x.db").drivername == "sqlite+aiosqlite"
+    assert mask_url("postgresql+asyncpg://u:s3cret@h:5432/db") == (
+        "postgresql+asyncpg://u:***@h:5432/db"
+    )
+    assert "s3cret" not in mask_secrets(
+        "could not connect to amqp://guest:s3cret@broker/ (s3cret)",
+        "postgresql://u:s3cret@h/db",
+    )
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("mysql://u:p@h/db", "unsupported database URL scheme 'mysql'"),
+        ("not a url", "invalid database URL"),
+        ("sqlite+aiosqlite://", "in-memory SQLite"),
+    ],
+)
+def test_bad_urls_give_one_clear_error(url, message):
+    with pytest.raises(DatabaseUrlError, match=message):
+        parse_database_url(url)
