@@ -139,11 +139,8 @@ Index(
     postgresql_where=text("status = 'published'"),
     sqlite_where=text("status = 'published'"),
 )
-Index(
-    "ix_outbox_events_aggregate",
-    outbox_events.c.aggregate_type,
-    outbox_events.c.aggregate_id,
-)
+# Operators look events up by aggregate id (the console's filter, incident triage).
+Index("ix_outbox_events_aggregate_id", outbox_events.c.aggregate_id)
 
 process_heartbeats = Table(
     "process_heartbeats",

@@ -1,0 +1,386 @@
+"""The read side every front end uses: overview, event pages, details, heartbeats.
+
+The CLI and the console never write SQL; they ask this service. Every query is
+served by an index (counts by status, keyset pages by id), so the console stays
+responsive with millions of rows, and all reads use deferred transactions so
+they never take SQLite's write lock.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Select, Text, func, select, type_coerce
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from engine.clock import Clock, utc_now
+from engine.database import read_only_engine, storage_errors
+from engine.errors import EventNotFoundError
+from engine.schema import (
+    DEAD_LETTER,
+    PENDING,
+    PUBLISHED,
+    PUBLISHING,
+    STATUSES,
+    handler_runs,
+    outbox_events,
+    process_heartbeats,
+    replay_log,
+    side_effects,
+)
+
+t = outbox_events
+ALIVE, STALE, STOPPED = "alive", "stale", "stopped"
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatView:
+    """One dispatcher process as an operator sees it."""
+
+    instance_id: str
+    kind: str
+    host: str
+    pid: int
+    state: str  # alive | stale | stopped
+    started_at: datetime
+    last_seen_at: datetime
+    last_seen_age_seconds: float
+    details: Mapping[str, Any]
+
+    @property
+    def iterations(self) -> int:
+        return int(self.details.get("iterations", 0) or 0)
+
+    def total(self, name: str) -> int:
+        totals = self.details.get("totals")
+        source = totals if isinstance(totals, Mapping) else self.details
+        return int(source.get(name, 0) or 0)
+
+
+@dataclass(frozen=True, slots=True)
+class OverviewSnapshot:
+    """Counts and ages at one instant, for dashboards and `stats`."""
+
+    taken_at: datetime
+    counts: Mapping[str, int]
+    published_recent: int
+    recent_window_seconds: float
+    oldest_pending_at: datetime | None
+    stuck_publishing: int
+    awaiting_purge: int | None
+    retention_seconds: float | None
+    heartbeats: Sequence[HeartbeatView]
+
+    @property
+    def oldest_pending_age_seconds(self) -> float | None:
+        if self.oldest_pending_at is None:
+            return None
+        return max(0.0, (self.taken_at - self.oldest_pending_at).total_seconds())
+
+
+@dataclass(frozen=True, slots=True)
+class EventFilter:
+    """What an operator narrowed the event list to; empty fields match everything."""
+
+    statuses: tuple[str, ...] = ()
+    event_type: str | None = None
+    tenant_id: str | None = None
+    aggregate_id: str | None = None
+
+    def describe(self) -> str:
+        parts = []
+        if self.statuses:
+            parts.append("status=" + ",".join(self.statuses))
+        for name in ("event_type", "tenant_id", "aggregate_id"):
+            value = getattr(self, name)
+            if value:
+                parts.append(
+                    f"{name.removesuffix('_id') if name != 'event_type' else 'type'}={value}"
+                )
+        return " ".join(parts) or "all events"
+
+
+@dataclass(frozen=True, slots=True)
+class EventSummary:
+    """One row of the event table (no payload)."""
+
+    id: str
+    status: str
+    event_type: str
+    event_version: int
+    tenant_id: str
+    aggregate_type: str
+    aggregate_id: str
+    attempt_count: int
+    max_attempts: int
+    next_retry_at: datetime | None
+    created_at: datetime
+    last_error: str | None
+    dead_letter_reason: str | None
+    replay_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class EventPage:
+    events: Sequence[EventSummary]
+    has_more: bool
+
+    @property
+    def next_cursor(self) -> str | None:
+        """Pass as ``before`` to get the next (older) page."""
+        return self.events[-1].id if self.has_more and self.events else None
+
+
+@dataclass(frozen=True, slots=True)
+class EventDetail:
+    """Everything known about one event."""
+
+    columns: Mapping[str, Any]
+    payload: Any
+    payload_error: str | None
+    replays: Sequence[Mapping[str, Any]] = field(default_factory=tuple)
+    handler_runs: Sequence[Mapping[str, Any]] = field(default_factory=tuple)
+    side_effects: Sequence[Mapping[str, Any]] = field(default_factory=tuple)
+
+    @property
+    def trace_id(self) -> str | None:
+        if isinstance(self.payload, Mapping) and self.payload.get("trace_id") is not None:
+            return str(self.payload["trace_id"])
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class MatchSummary:
+    """How many events a filter matches, by type (for replay confirmations)."""
+
+    total: int
+    by_type: Mapping[str, int]
+
+
+_SUMMARY_COLUMNS = (
+    t.c.id,
+    t.c.status,
+    t.c.event_type,
+    t.c.event_version,
+    t.c.tenant_id,
+    t.c.aggregate_type,
+    t.c.aggregate_id,
+    t.c.attempt_count,
+    t.c.max_attempts,
+    t.c.next_retry_at,
+    t.c.created_at,
+    t.c.last_error,
+    t.c.dead_letter_reason,
+    t.c.replay_count,
+)
+
+
+def _filtered(stmt: Select[Any], flt: EventFilter) -> Select[Any]:
+    if flt.statuses:
+        unknown = set(flt.statuses) - set(STATUSES)
+        if unknown:
+            from engine.errors import ConfigurationError
+
+            raise ConfigurationError(
+                f"unknown status {sorted(unknown)[0]!r}: use one of {', '.join(STATUSES)}"
+            )
+        stmt = stmt.where(t.c.status.in_(flt.statuses))
+    if flt.event_type:
+        stmt = stmt.where(t.c.event_type == flt.event_type)
+    if flt.tenant_id:
+        stmt = stmt.where(t.c.tenant_id == flt.tenant_id)
+    if flt.aggregate_id:
+        stmt = stmt.where(t.c.aggregate_id == flt.aggregate_id)
+    return stmt
+
+
+class OutboxInsights:
+    """Read-only questions about an outbox database, answered with indexed queries."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        *,
+        clock: Clock = utc_now,
+        recent_window_seconds: float = 300.0,
+        stale_after_seconds: float = 30.0,
+        retention_seconds: float | None = None,
+    ) -> None:
+        self._engine = read_only_engine(engine)
+        self._clock = clock
+        self.recent_window_seconds = recent_window_seconds
+        self.stale_after_seconds = stale_after_seconds
+        self.retention_seconds = retention_seconds
+
+    async def overview(self) -> OverviewSnapshot:
+        now = self._clock()
+        async with storage_errors(self._engine.url), self._engine.connect() as conn:
+            counts = {}
+            for status in STATUSES:  # one indexed count each beats a GROUP BY scan
+                counts[status] = await _scalar(
+                    conn, select(func.count()).select_from(t).where(t.c.status == status)
+                )
+            recent_since = now - timedelta(seconds=self.recent_window_seconds)
+            published_recent = await _scalar(
+                conn,
+                select(func.count())
+                .select_from(t)
+                .where(t.c.status == PUBLISHED, t.c.published_at >= recent_since),
+            )
+            oldest = (
+                await conn.execute(
+                    select(t.c.created_at).where(t.c.status == PENDING).order_by(t.c.id).limit(1)
+                )
+            ).scalar_one_or_none()
+            stuck = await _scalar(
+                conn,
+                select(func.count())
+                .select_from(t)
+                .where(t.c.status == PUBLISHING, t.c.locked_until < now),
+            )
+            awaiting_purge = None
+            if self.retention_seconds is not None:
+                cutoff = now - timedelta(seconds=self.retention_seconds)
+                awaiting_purge = await _scalar(
+                    conn,
+                    select(func.count())
+                    .select_from(t)
+                    .where(t.c.status == PUBLISHED, t.c.published_at < cutoff),
+                )
+            heartbeats = await self._heartbeats(conn, now)
+        return OverviewSnapshot(
+            taken_at=now,
+            counts=counts,
+            published_recent=published_recent,
+            recent_window_seconds=self.recent_window_seconds,
+            oldest_pending_at=oldest,
+            stuck_publishing=stuck,
+            awaiting_purge=awaiting_purge,
+            retention_seconds=self.retention_seconds,
+            heartbeats=heartbeats,
+        )
+
+    async def heartbeats(self) -> list[HeartbeatView]:
+        async with storage_errors(self._engine.url), self._engine.connect() as conn:
+            return await self._heartbeats(conn, self._clock())
+
+    async def _heartbeats(self, conn: AsyncConnection, now: datetime) -> list[HeartbeatView]:
+        result = await conn.execute(
+            select(process_heartbeats).order_by(
+                process_heartbeats.c.last_seen_at.desc(), process_heartbeats.c.instance_id
+            )
+        )
+        views = []
+        for hb in result.mappings():
+            age = max(0.0, (now - hb["last_seen_at"]).total_seconds())
+            if hb["state"] == "stopped":
+                state = STOPPED
+            elif age > self.stale_after_seconds:
+                state = STALE
+            else:
+                state = ALIVE
+            details = hb["details"] if isinstance(hb["details"], Mapping) else {}
+            views.append(
+                HeartbeatView(
+                    instance_id=hb["instance_id"],
+                    kind=hb["kind"],
+                    host=hb["host"],
+                    pid=int(hb["pid"]),
+                    state=state,
+                    started_at=hb["started_at"],
+                    last_seen_at=hb["last_seen_at"],
+                    last_seen_age_seconds=age,
+                    details=details,
+                )
+            )
+        return views
+
+    async def events_page(
+        self, flt: EventFilter | None = None, *, limit: int = 50, before: str | None = None
+    ) -> EventPage:
+        """Newest first, ``limit`` at a time; ``before`` is the previous page's cursor."""
+        flt = flt or EventFilter()
+        stmt = _filtered(select(*_SUMMARY_COLUMNS), flt)
+        if before is not None:
+            stmt = stmt.where(t.c.id < before)
+        stmt = stmt.order_by(t.c.id.desc()).limit(limit + 1)
+        async with storage_errors(self._engine.url), self._engine.connect() as conn:
+            rows = (await conn.execute(stmt)).mappings().all()
+        events = [EventSummary(**dict(r)) for r in rows[:limit]]
+        return EventPage(events=events, has_more=len(rows) > limit)
+
+    async def dead_letters(
+        self,
+        *,
+        tenant_id: str | None = None,
+        event_type: str | None = None,
+        limit: int = 100,
+        before: str | None = None,
+    ) -> EventPage:
+        flt = EventFilter(statuses=(DEAD_LETTER,), event_type=event_type, tenant_id=tenant_id)
+        return await self.events_page(flt, limit=limit, before=before)
+
+    async def match_summary(self, flt: EventFilter) -> MatchSummary:
+        stmt = _filtered(select(t.c.event_type, func.count()), flt).group_by(t.c.event_type)
+        async with storage_errors(self._engine.url), self._engine.connect() as conn:
+            by_type = Counter({row[0]: int(row[1]) for row in await conn.execute(stmt)})
+        return MatchSummary(total=sum(by_type.values()), by_type=dict(by_type.most_common()))
+
+    async def matching_ids(self, flt: EventFilter, *, limit: int | None = None) -> list[str]:
+        stmt = _filtered(select(t.c.id), flt).order_by(t.c.id)
+        if limit is not None:
+            stmt = stmt.limit(limit)
+        async with storage_errors(self._engine.url), self._engine.connect() as conn:
+            return list((await conn.execute(stmt)).scalars())
+
+    async def event_detail(self, event_id: str) -> EventDetail:
+        columns = [c for c in t.c if c.name != "payload"]
+        raw = type_coerce(t.c.payload, Text).label("payload")
+        async with storage_errors(self._engine.url), self._engine.connect() as conn:
+            row = (
+                (await conn.execute(select(*columns, raw).where(t.c.id == event_id)))
+                .mappings()
+                .first()
+            )
+            if row is None:
+                raise EventNotFoundError(f"no outbox event with id {event_id!r}")
+            replays = await _all(
+                conn,
+                select(replay_log)
+                .where(replay_log.c.event_id == event_id)
+                .order_by(replay_log.c.id),
+            )
+            runs = await _all(
+                conn,
+                select(handler_runs)
+                .where(handler_runs.c.event_id == event_id)
+                .order_by(handler_runs.c.handler_key),
+            )
+            effects = await _all(
+                conn,
+                select(side_effects)
+                .where(side_effects.c.event_id == event_id)
+                .order_by(side_effects.c.id),
+            )
+        values = dict(row)
+        payload: Any = values.pop("payload")
+        payload_error = None
+        if isinstance(payload, str | bytes):
+            try:
+                payload = json.loads(payload)
+            except ValueError as exc:
+                payload_error = f"corrupt payload: {exc}"
+        return EventDetail(values, payload, payload_error, replays, runs, effects)
+
+
+async def _scalar(conn: AsyncConnection, stmt: Select[Any]) -> int:
+    return int((await conn.execute(stmt)).scalar_one())
+
+
+async def _all(conn: AsyncConnection, stmt: Select[Any]) -> list[dict[str, Any]]:
+    return [dict(r) for r in (await conn.execute(stmt)).mappings()]

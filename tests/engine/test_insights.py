@@ -1,0 +1,95 @@
+"""The read side: counts, ages, keyset pages, details, heartbeat states."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import insert
+
+from engine import EventHandlerPermanentError, OutboxDispatcher, replay_dead_letter
+from engine.errors import ConfigurationError, EventNotFoundError
+from engine.insights import EventFilter, OutboxInsights
+from engine.schema import process_heartbeats
+
+from .test_dispatch import publish
+
+
+async def test_overview_counts_ages_and_heartbeat_states(db, registry, clock):
+    @registry.handler("orders.placed", key="orders.maybe")
+    async def maybe(envelope):
+        if envelope.payload["order_id"].startswith("bad"):
+            raise EventHandlerPermanentError("nope")
+
+    await publish(db, registry, count=3, prefix="ok")
+    await publish(db, registry, count=2, prefix="bad")
+    await OutboxDispatcher(db, registry, clock=clock).dispatch_once()
+    clock.advance(60)
+    await publish(db, registry, count=4, prefix="later")
+    async with db.begin() as conn:
+        for name, state, age in (("a", "running", 5), ("b", "running", 120), ("c", "stopped", 1)):
+            await conn.execute(
+                insert(process_heartbeats).values(
+                    instance_id=name,
+                    kind="dispatcher",
+                    host="h",
+                    pid=1,
+                    state=state,
+                    started_at=clock.now - timedelta(seconds=500),
+                    last_seen_at=clock.now - timedelta(seconds=age),
+                    details={"iterations": 3, "totals": {"published": 9}},
+                )
+            )
+    clock.advance(10)
+    insights = OutboxInsights(db, clock=clock, retention_seconds=30, stale_after_seconds=30)
+    snap = await insights.overview()
+    assert dict(snap.counts) == {
+        "pending": 4,
+        "publishing": 0,
+        "published": 3,
+        "failed": 0,
+        "dead_letter": 2,
+    }
+    assert snap.published_recent == 3 and snap.awaiting_purge == 3
+    assert snap.stuck_publishing == 0
+    assert snap.oldest_pending_age_seconds is not None
+    states = {hb.instance_id: hb.state for hb in snap.heartbeats}
+    assert states == {"a": "alive", "b": "stale", "c": "stopped"}
+    assert snap.heartbeats[0].total("published") == 9
+
+
+async def test_event_pages_are_keyset_newest_first_and_filterable(db, registry, clock):
+    ids = await publish(db, registry, count=7)
+    insights = OutboxInsights(db, clock=clock)
+    first = await insights.events_page(limit=3)
+    assert [e.id for e in first.events] == ids[::-1][:3] and first.has_more
+    second = await insights.events_page(limit=3, before=first.next_cursor)
+    assert [e.id for e in second.events] == ids[::-1][3:6]
+    third = await insights.events_page(limit=3, before=second.next_cursor)
+    assert [e.id for e in third.events] == ids[:1] and not third.has_more
+    only = await insights.events_page(EventFilter(aggregate_id="o-4"))
+    assert [e.aggregate_id for e in only.events] == ["o-4"]
+    assert (await insights.events_page(EventFilter(tenant_id="globex"))).events == []
+    summary = await insights.match_summary(EventFilter(statuses=("pending",)))
+    assert summary.total == 7 and dict(summary.by_type) == {"orders.placed": 7}
+    with pytest.raises(ConfigurationError, match="unknown status 'done'"):
+        await insights.events_page(EventFilter(statuses=("done",)))
+
+
+async def test_event_detail_has_history_runs_and_payload(db, registry, clock):
+    @registry.handler("orders.placed", key="orders.reject")
+    async def reject(envelope):
+        raise EventHandlerPermanentError("bad address")
+
+    [event_id] = await publish(db, registry)
+    await OutboxDispatcher(db, registry, clock=clock).dispatch_once()
+    await replay_dead_letter(db, [event_id], operator="alice", reason="fixed")
+    detail = await OutboxInsights(db, clock=clock).event_detail(event_id)
+    assert detail.columns["status"] == "pending"
+    assert detail.payload["order_id"] == "o-0" and detail.trace_id == "trace-abc"
+    assert [r["operator"] for r in detail.replays] == ["alice"]
+    assert [(r["handler_key"], r["status"]) for r in detail.handler_runs] == [
+        ("orders.reject", "failed")
+    ]
+    with pytest.raises(EventNotFoundError):
+        await OutboxInsights(db).event_detail("missing")
