@@ -191,15 +191,15 @@ async def storage_errors(url: str | URL | None = None) -> AsyncIterator[None]:
 
 async def create_schema(engine_or_url: AsyncEngine | str | URL) -> None:
     """Create the outbox tables and indexes if they do not exist (idempotent)."""
-    owned = not isinstance(engine_or_url, AsyncEngine)
-    engine = create_engine(engine_or_url) if owned else engine_or_url  # type: ignore[arg-type]
-    url = engine.url
-    try:
-        async with storage_errors(url), engine.begin() as conn:
+    if isinstance(engine_or_url, AsyncEngine):
+        async with storage_errors(engine_or_url.url), engine_or_url.begin() as conn:
             await conn.run_sync(metadata.create_all, checkfirst=True)
+        return
+    engine = create_engine(engine_or_url)
+    try:
+        await create_schema(engine)
     finally:
-        if owned:
-            await engine.dispose()
+        await engine.dispose()
 
 
 async def check_schema(engine: AsyncEngine) -> None:

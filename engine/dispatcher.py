@@ -268,17 +268,17 @@ class OutboxDispatcher:
         async with self.engine.begin() as conn:
             await self.idempotency.record_handler_runs(conn, records)
             now = self._clock()
-            fence = {"dispatcher_id": self.dispatcher_id, "now": now}
+            fence = store.Fence(self.dispatcher_id, now)
             wins = [
                 (o.row.event_id, o.row.claim_version) for o in outcomes if o.kind == "published"
             ]
-            done = await store.mark_published(conn, wins, **fence)
+            done = await store.mark_published(conn, wins, fence)
             published = len(done)
             lost += len(wins) - published
             untouched = [
                 (o.row.event_id, o.row.claim_version) for o in outcomes if o.kind == "unattempted"
             ]
-            released = await store.release_unattempted(conn, untouched, **fence)
+            released = await store.release_unattempted(conn, untouched, fence)
             lost += len(untouched) - len(released)
             for o in outcomes:
                 if o.kind == "failed" and o.row.attempt_count < o.row.max_attempts:
@@ -287,9 +287,9 @@ class OutboxDispatcher:
                         conn,
                         o.row.event_id,
                         o.row.claim_version,
+                        fence,
                         error=o.error or "failed",
                         next_retry_at=retry_at,
-                        **fence,
                     )
                     failed += ok
                 elif o.kind in ("failed", "dead_letter"):
@@ -301,9 +301,9 @@ class OutboxDispatcher:
                         conn,
                         o.row.event_id,
                         o.row.claim_version,
+                        fence,
                         error=o.error or reason,
                         reason=reason,
-                        **fence,
                     )
                     dead += ok
                 else:

@@ -127,11 +127,19 @@ async def claim_batch(
     return rows
 
 
-def _held(dispatcher_id: str, now: datetime) -> Any:
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """Who completes, and when: a completion holds only if the lease is still this one's."""
+
+    dispatcher_id: str
+    now: datetime
+
+
+def _held(fence: Fence) -> Any:
     return and_(
         t.c.status == PUBLISHING,
-        t.c.locked_by == dispatcher_id,
-        t.c.locked_until > now,
+        t.c.locked_by == fence.dispatcher_id,
+        t.c.locked_until > fence.now,
     )
 
 
@@ -141,19 +149,17 @@ _RELEASE_LOCK = {"locked_by": None, "locked_until": None}
 async def mark_published(
     conn: AsyncConnection,
     claims: Sequence[tuple[str, int]],
-    *,
-    dispatcher_id: str,
-    now: datetime,
+    fence: Fence,
 ) -> set[str]:
     """Complete a batch as published; returns the ids whose lease still held."""
     if not claims:
         return set()
     stmt = (
         update(t)
-        .where(tuple_(t.c.id, t.c.claim_version).in_(list(claims)), _held(dispatcher_id, now))
+        .where(tuple_(t.c.id, t.c.claim_version).in_(list(claims)), _held(fence))
         .values(
             status=PUBLISHED,
-            published_at=now,
+            published_at=fence.now,
             last_error=None,
             next_retry_at=None,
             **_RELEASE_LOCK,
@@ -167,16 +173,15 @@ async def mark_failed(
     conn: AsyncConnection,
     event_id: str,
     claim_version: int,
+    fence: Fence,
     *,
-    dispatcher_id: str,
-    now: datetime,
     error: str,
     next_retry_at: datetime,
 ) -> bool:
     """Record a transient failure and when to retry; False if the lease was lost."""
     stmt = (
         update(t)
-        .where(t.c.id == event_id, t.c.claim_version == claim_version, _held(dispatcher_id, now))
+        .where(t.c.id == event_id, t.c.claim_version == claim_version, _held(fence))
         .values(
             status=FAILED,
             last_error=truncate_error(error),
@@ -192,16 +197,15 @@ async def mark_dead_letter(
     conn: AsyncConnection,
     event_id: str,
     claim_version: int,
+    fence: Fence,
     *,
-    dispatcher_id: str,
-    now: datetime,
     error: str,
     reason: str,
 ) -> bool:
     """Move an event to the dead letter; False if the lease was lost."""
     stmt = (
         update(t)
-        .where(t.c.id == event_id, t.c.claim_version == claim_version, _held(dispatcher_id, now))
+        .where(t.c.id == event_id, t.c.claim_version == claim_version, _held(fence))
         .values(
             status=DEAD_LETTER,
             last_error=truncate_error(error),
@@ -217,9 +221,7 @@ async def mark_dead_letter(
 async def release_unattempted(
     conn: AsyncConnection,
     claims: Iterable[tuple[str, int]],
-    *,
-    dispatcher_id: str,
-    now: datetime,
+    fence: Fence,
 ) -> set[str]:
     """Hand back claimed rows that were never attempted, without spending an attempt."""
     pairs = list(claims)
@@ -227,7 +229,7 @@ async def release_unattempted(
         return set()
     stmt = (
         update(t)
-        .where(tuple_(t.c.id, t.c.claim_version).in_(pairs), _held(dispatcher_id, now))
+        .where(tuple_(t.c.id, t.c.claim_version).in_(pairs), _held(fence))
         .values(
             status=case((t.c.attempt_count <= 1, PENDING), else_=FAILED),
             attempt_count=case((t.c.attempt_count > 0, t.c.attempt_count - 1), else_=0),
