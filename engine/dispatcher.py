@@ -27,6 +27,7 @@ from engine import store
 from engine.backoff import BackoffPolicy
 from engine.clock import Clock, utc_now
 from engine.context import HandlerInvocation, _handler_invocation, _task_context
+from engine.database import read_only_engine
 from engine.envelope import EventEnvelope
 from engine.errors import ConfigurationError, EventHandlerPermanentError, EventValidationError
 from engine.idempotency import HandlerRunRecord, IdempotencyStore
@@ -34,6 +35,10 @@ from engine.registry import EventRegistry
 from engine.store import ClaimedRow
 
 log = logging.getLogger("engine.dispatcher")
+
+# Share of the lease a batch may use for starting handlers; the rest is margin for the
+# last handler and the completion write.
+LEASE_BUDGET = 0.8
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,13 +159,14 @@ class OutboxDispatcher:
         return result
 
     async def _round(self) -> DispatchResult:
+        claimed_at = self._clock()
         async with self.engine.begin() as conn:
             claimed = await store.claim_batch(
                 conn,
                 dispatcher_id=self.dispatcher_id,
                 batch_size=self.batch_size,
                 lease=self.lease,
-                now=self._clock(),
+                now=claimed_at,
             )
         if not claimed:
             return DispatchResult()
@@ -183,9 +189,15 @@ class OutboxDispatcher:
         if self.external_publisher is not None:
             outcomes += await self._relay(deliverable, envelopes)
         else:
-            async with self.engine.connect() as conn:
+            async with read_only_engine(self.engine).connect() as conn:
                 done = await self.idempotency.succeeded_handlers(conn, list(envelopes))
+            # Stop starting handlers once most of the lease is spent: a row handled after its
+            # lease expired may be handled again by another dispatcher meanwhile.
+            deadline = claimed_at + self.lease * LEASE_BUDGET
             for row in deliverable:
+                if self._clock() >= deadline:
+                    outcomes.append(_Outcome(row, "unattempted"))
+                    continue
                 outcome, row_records = await self._run_handlers(row, envelopes[row.event_id], done)
                 outcomes.append(outcome)
                 records += row_records

@@ -19,6 +19,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from engine.clock import Clock, utc_now
+from engine.database import read_only_engine
 from engine.schema import handler_runs, side_effects
 from engine.store import truncate_error
 
@@ -110,7 +111,7 @@ class IdempotencyStore:
 
     # -- side effects -------------------------------------------------------
     async def find_side_effect(self, key: SideEffectKey) -> SideEffectRecord | None:
-        async with self._engine.connect() as conn:
+        async with read_only_engine(self._engine).connect() as conn:
             row = (
                 await conn.execute(
                     select(

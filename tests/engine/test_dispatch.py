@@ -357,3 +357,23 @@ async def test_external_publisher_crash_fails_the_call_without_losing_rows(db, r
     dispatcher = OutboxDispatcher(db, registry, clock=clock, external_publisher=Broken())
     assert await dispatcher.dispatch_once() == DispatchResult(claimed=2, failed=2)
     assert {(await row(db, i))["status"] for i in ids} == {"failed"}
+
+
+async def test_handlers_are_not_started_once_most_of_the_lease_is_spent(db, registry, clock):
+    handled = []
+
+    @registry.handler("orders.placed", key="orders.slowish")
+    async def slowish(envelope):
+        handled.append(envelope.event_id)
+        clock.advance(9)  # each event takes 9 s of a 30 s lease
+
+    ids = await publish(db, registry, count=5)
+    dispatcher = OutboxDispatcher(db, registry, clock=clock, lease_seconds=30)
+    result = await dispatcher.dispatch_once()
+    # 0 s, 9 s, 18 s start inside 80 % of the lease (24 s); the 4th would start at 27 s.
+    assert result == DispatchResult(claimed=5, published=3)
+    assert handled == ids[:3]
+    for event_id in ids[3:]:
+        stored = await row(db, event_id)
+        assert stored["status"] == "pending" and stored["attempt_count"] == 0
+    assert await dispatcher.dispatch_once() == DispatchResult(claimed=2, published=2)
