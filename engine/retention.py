@@ -1,0 +1,55 @@
+"""Delete published events after the retention period, in bounded batches.
+
+Only ``published`` rows are ever deleted: dead letters wait for an operator
+(replay or investigation) however old they are, and pending, failed and
+publishing rows are live work. With a purged event go its handler-run records
+(``outbox_handler_runs``), which exist only to skip handlers that already
+succeeded when the event is delivered again, and a published event is never
+delivered again. Side-effect records (``outbox_side_effects``) and the replay
+log are kept: they are the audit of calls made to external systems and of
+operator actions, and outlive the event on purpose.
+
+Each call deletes at most ``batch_size`` rows in one short transaction, oldest
+``published_at`` first through the partial index ``ix_outbox_events_published_at``
+(``WHERE status = 'published'``), so a large backlog never holds a long lock.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from sqlalchemy import delete, select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from engine.schema import PUBLISHED, handler_runs, outbox_events
+
+t = outbox_events
+DEFAULT_BATCH_SIZE = 500
+
+
+async def purge_published(
+    engine: AsyncEngine, *, older_than: datetime, batch_size: int = DEFAULT_BATCH_SIZE
+) -> int:
+    """Delete up to ``batch_size`` rows published at or before ``older_than``; returns how many."""
+    if batch_size < 1:
+        raise ValueError("batch_size must be >= 1")
+    candidates = (
+        select(t.c.id)
+        .where(t.c.status == PUBLISHED, t.c.published_at <= older_than)
+        .order_by(t.c.published_at)
+        .limit(batch_size)
+    )
+    async with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            # Concurrent purgers (several dispatchers) take disjoint batches without waiting.
+            candidates = candidates.with_for_update(skip_locked=True)
+        ids = list((await conn.execute(candidates)).scalars())
+        if not ids:
+            return 0
+        await conn.execute(delete(handler_runs).where(handler_runs.c.event_id.in_(ids)))
+        result = await conn.execute(delete(t).where(t.c.id.in_(ids), t.c.status == PUBLISHED))
+        return int(result.rowcount)
+
+
+def retention_cutoff(now: datetime, retention_seconds: float) -> datetime:
+    return now - timedelta(seconds=retention_seconds)

@@ -1,0 +1,246 @@
+"""One validated settings object, from arguments and ``OUTBOX_...`` environment variables.
+
+Nested settings use ``__``: ``OUTBOX_DISPATCHER__BATCH_SIZE=50`` sets
+``settings.dispatcher.batch_size``. Explicit arguments to ``load_settings``
+(the CLI's flags, the console's form) win over the environment; ``None`` means
+"not given". Every invalid value becomes one ``ConfigurationError`` line naming
+both the variable and the flag, e.g.
+``OUTBOX_DISPATCHER__BATCH_SIZE / --batch-size must be an integer between 1 and
+1000, got 0``.
+
+The attempt budget: each outbox row carries its own ``max_attempts``, fixed
+when it is published (explicitly, or the column default 10). The dispatcher
+honours the row's value, so a row's fate never depends on which dispatcher's
+configuration happened to pick it up, and rows written with plain SQL by other
+services behave the same. ``DispatcherSettings.max_attempts`` is therefore not
+applied to existing rows: it is the budget producers configured from these
+settings pass to ``publish(..., max_attempts=...)``, and its default equals the
+column default. See docs/dispatcher.md.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, get_args, get_origin
+
+import annotated_types
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticCustomError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from engine.database import DEFAULT_DATABASE_URL, parse_database_url
+from engine.errors import ConfigurationError, DatabaseUrlError
+from engine.schema import DEFAULT_MAX_ATTEMPTS
+
+ENV_PREFIX = "OUTBOX_"
+_HOUR = 3600.0
+_TEN_YEARS = 10 * 365 * 24 * _HOUR
+_NONE_WORDS = {"", "none", "null", "off", "keep", "never"}
+
+Seconds = Annotated[float, Field(gt=0, le=_HOUR)]
+
+
+class DispatcherSettings(BaseModel):
+    """How a dispatcher runs. Every field has a default; see docs/dispatcher.md."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    batch_size: Annotated[int, Field(ge=1, le=1000)] = 100
+    idle_sleep_seconds: Seconds = 1.0
+    lease_seconds: Seconds = 30.0
+    max_attempts: Annotated[int, Field(ge=1, le=1000)] = DEFAULT_MAX_ATTEMPTS
+    backoff_kind: Literal["exponential", "fixed"] = "exponential"
+    backoff_base_seconds: Annotated[float, Field(ge=0, le=24 * _HOUR)] = 5.0
+    backoff_max_seconds: Annotated[float, Field(ge=0, le=24 * _HOUR)] = 300.0
+    backoff_jitter: Annotated[float, Field(ge=0, le=1)] = 0.1
+    # None keeps published rows forever; 0 deletes them right after they are published.
+    retention_seconds: Annotated[float | None, Field(ge=0, le=_TEN_YEARS)] = 7 * 24 * _HOUR
+    retention_batch_size: Annotated[int, Field(ge=1, le=100_000)] = 500
+    use_lock: bool = False
+    wakeup: Literal["auto", "off"] = "auto"
+    wakeup_channel: Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_]{0,62}$")] = "outbox_events"
+    # Producers: at most one wake-up notification per process per this many milliseconds.
+    notify_interval_ms: Annotated[float, Field(ge=0, le=60_000)] = 50.0
+    # Longest gap between heartbeats while idle, and the shortest while busy (0 = every round).
+    heartbeat_seconds: Seconds = 5.0
+    heartbeat_min_interval_seconds: Annotated[float, Field(ge=0, le=_HOUR)] = 1.0
+    # How often the loop refreshes metric gauges and looks for rows to purge.
+    housekeeping_seconds: Seconds = 5.0
+    # After a storage error the loop waits this long, doubling up to the max.
+    storage_retry_initial_seconds: Seconds = 0.5
+    storage_retry_max_seconds: Seconds = 30.0
+
+    @field_validator("retention_seconds", mode="before")
+    @classmethod
+    def _none_words(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip().lower() in _NONE_WORDS:
+            return None
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DispatcherSettings:
+        if self.backoff_max_seconds < self.backoff_base_seconds:
+            raise _conflict(
+                "backoff_max_seconds",
+                self.backoff_max_seconds,
+                f"at least backoff_base_seconds ({self.backoff_base_seconds:g})",
+            )
+        if self.storage_retry_max_seconds < self.storage_retry_initial_seconds:
+            raise _conflict(
+                "storage_retry_max_seconds",
+                self.storage_retry_max_seconds,
+                f"at least storage_retry_initial_seconds ({self.storage_retry_initial_seconds:g})",
+            )
+        return self
+
+
+class OutboxSettings(BaseSettings):
+    """Everything a process of this project reads from its environment."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        case_sensitive=False,
+        extra="forbid",
+        frozen=True,
+    )
+
+    database_url: str = DEFAULT_DATABASE_URL
+    dispatcher: DispatcherSettings = Field(default_factory=DispatcherSettings)
+
+
+def load_settings(**overrides: Any) -> OutboxSettings:
+    """Settings from the environment, with explicit (non-None) ``overrides`` on top.
+
+    Overrides are top-level names (``database_url``), dispatcher fields by their
+    own name (``batch_size=7``), or ``dispatcher={...}``. Raises
+    ``ConfigurationError`` with one line naming the setting; an unknown keyword
+    is a programming error (``TypeError``).
+    """
+    init: dict[str, Any] = {}
+    dispatcher: dict[str, Any] = {}
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key == "dispatcher":
+            given = value.model_dump(exclude_unset=True) if isinstance(value, BaseModel) else value
+            dispatcher.update({k: v for k, v in dict(given).items() if v is not None})
+        elif key in OutboxSettings.model_fields:
+            init[key] = value
+        elif key in DispatcherSettings.model_fields:
+            dispatcher[key] = value
+        else:
+            raise TypeError(f"load_settings() got an unexpected keyword argument {key!r}")
+    if dispatcher:
+        init["dispatcher"] = dispatcher
+    try:
+        settings = OutboxSettings(**init)
+    except ValidationError as exc:
+        raise ConfigurationError(describe_validation_error(exc)) from None
+    try:
+        parse_database_url(settings.database_url)
+    except DatabaseUrlError as exc:
+        raise DatabaseUrlError(f"{setting_names(('database_url',))}: {exc}") from None
+    return settings
+
+
+def setting_names(loc: tuple[str, ...]) -> str:
+    """``OUTBOX_DISPATCHER__BATCH_SIZE / --batch-size`` for ``("dispatcher", "batch_size")``."""
+    env = ENV_PREFIX + "__".join(part.upper() for part in loc)
+    return f"{env} / --{loc[-1].replace('_', '-')}"
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """The first problem of a settings ``ValidationError`` as one line."""
+    error = exc.errors()[0]
+    loc = tuple(str(part) for part in error["loc"])
+    ctx = error.get("ctx") or {}
+    if "setting" in ctx:  # a cross-field rule names the field it blames
+        loc = (*loc, str(ctx["setting"]))
+    if error["type"] == "extra_forbidden":
+        return f"{ENV_PREFIX}{'__'.join(p.upper() for p in loc)} is not a known setting"
+    field = _field_info(loc)
+    requirement = ctx.get("requirement") or (
+        _requirement(field) if field is not None else error["msg"]
+    )
+    value = ctx.get("value", error.get("input"))
+    shown = repr(value) if value == "" or not isinstance(value, str | int | float) else value
+    return f"{setting_names(loc)} must be {requirement}, got {shown}"
+
+
+def _conflict(setting: str, value: float, requirement: str) -> PydanticCustomError:
+    return PydanticCustomError(
+        "setting_conflict",
+        "{setting} must be {requirement}",
+        {"setting": setting, "value": value, "requirement": requirement},
+    )
+
+
+def _field_info(loc: tuple[str, ...]) -> FieldInfo | None:
+    model: type[BaseModel] = OutboxSettings
+    info: FieldInfo | None = None
+    for part in loc:
+        info = model.model_fields.get(part)
+        if info is None:
+            return None
+        if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
+            model = info.annotation
+    return info
+
+
+def _requirement(field: FieldInfo) -> str:
+    """What a valid value looks like, from the field's type and bounds."""
+    annotation = field.annotation
+    optional = False
+    args = get_args(annotation)
+    if args and type(None) in args:
+        optional = True
+        annotation = next(a for a in args if a is not type(None))
+    if get_origin(annotation) is Literal:
+        text = "one of " + ", ".join(str(a) for a in get_args(annotation))
+    elif annotation is bool:
+        text = "true or false"
+    elif annotation is int or annotation is float:
+        noun = "an integer" if annotation is int else "a number"
+        text = noun + _bounds(field)
+    elif annotation is str:
+        pattern = next((m.pattern for m in field.metadata if hasattr(m, "pattern")), None)
+        text = "a name of lower-case letters, digits and _" if pattern else "a string"
+    else:
+        text = "a valid value"
+    return text + (", or none" if optional else "")
+
+
+def _bounds(field: FieldInfo) -> str:
+    low: Any = None
+    high: Any = None
+    low_open = high_open = False
+    for item in field.metadata:
+        if isinstance(item, annotated_types.Ge):
+            low = item.ge
+        elif isinstance(item, annotated_types.Gt):
+            low, low_open = item.gt, True
+        elif isinstance(item, annotated_types.Le):
+            high = item.le
+        elif isinstance(item, annotated_types.Lt):
+            high, high_open = item.lt, True
+    if low is not None and high is not None and not low_open and not high_open:
+        return f" between {_num(low)} and {_num(high)}"
+    parts = []
+    if low is not None:
+        parts.append(f"{'greater than' if low_open else 'at least'} {_num(low)}")
+    if high is not None:
+        parts.append(f"{'below' if high_open else 'at most'} {_num(high)}")
+    return (" " + " and ".join(parts)) if parts else ""
+
+
+def _num(value: Any) -> str:
+    number = float(value)
+    return str(int(number)) if number.is_integer() else f"{number:g}"

@@ -1,0 +1,139 @@
+"""The run loop: totals, max_iterations, idle sleep only when idle, shutdown, callbacks."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from engine import DispatchResult
+from engine.runner import RunSummary, build_dispatcher, run_dispatcher
+
+from .conftest import fast, publish, statuses
+
+
+async def test_totals_over_iterations_and_max_iterations(db, registry):
+    handled = []
+
+    @registry.handler("orders.placed", key="orders.audit")
+    async def audit(envelope):
+        handled.append(envelope.event_id)
+
+    ids = await publish(db, registry, count=7)
+    settings = fast(batch_size=3)
+    seen: list[tuple[RunSummary, DispatchResult]] = []
+    summary = await run_dispatcher(
+        build_dispatcher(db, registry, settings),
+        settings=settings,
+        max_iterations=5,
+        on_iteration=lambda s, r: seen.append((s, r)),
+    )
+    assert (summary.iterations, summary.claimed, summary.published) == (5, 7, 7)
+    assert (summary.failed, summary.dead_lettered, summary.lost_leases) == (0, 0, 0)
+    assert summary.storage_errors == 0 and not summary.shutdown_requested
+    assert handled == ids
+    assert set((await statuses(db)).values()) == {"published"}
+    # the callback sees every iteration, with cumulative totals
+    assert [r.claimed for _, r in seen] == [3, 3, 1, 0, 0]
+    assert [s.published for s, _ in seen] == [3, 6, 7, 7, 7]
+    assert [s.iterations for s, _ in seen] == [1, 2, 3, 4, 5]
+    assert summary.as_dict()["published"] == 7
+
+
+async def test_sleeps_only_after_a_round_that_claimed_nothing(db, registry):
+    @registry.handler("orders.placed", key="orders.noop")
+    async def noop(envelope):
+        pass
+
+    await publish(db, registry, count=6)
+    settings = fast(batch_size=2, idle_sleep_seconds=0.2)
+    started = time.monotonic()
+    summary = await run_dispatcher(
+        build_dispatcher(db, registry, settings), settings=settings, max_iterations=6
+    )
+    elapsed = time.monotonic() - started
+    # rounds 1-3 claim (no sleep), 4-6 are idle; the loop sleeps after 4 and 5, not after
+    # the last iteration
+    assert summary.published == 6
+    assert summary.idle_waits == 2
+    assert 0.4 <= elapsed < 3.0
+
+
+async def test_shutdown_lets_the_current_batch_finish(db, registry):
+    shutdown = asyncio.Event()
+    handled = []
+
+    @registry.handler("orders.placed", key="orders.stop_on_first")
+    async def stop_on_first(envelope):
+        handled.append(envelope.event_id)
+        shutdown.set()  # e.g. SIGTERM arrives while the batch is being delivered
+
+    ids = await publish(db, registry, count=8)
+    settings = fast(batch_size=5)
+    summary = await run_dispatcher(
+        build_dispatcher(db, registry, settings), settings=settings, shutdown=shutdown
+    )
+    assert summary.shutdown_requested
+    assert (summary.iterations, summary.claimed, summary.published) == (1, 5, 5)
+    assert handled == ids[:5]
+    stored = await statuses(db)
+    assert [stored[i] for i in ids] == ["published"] * 5 + ["pending"] * 3
+
+
+async def test_shutdown_interrupts_a_long_idle_sleep(db, registry):
+    shutdown = asyncio.Event()
+    settings = fast(idle_sleep_seconds=30, wakeup="off")
+    task = asyncio.create_task(
+        run_dispatcher(build_dispatcher(db, registry, settings), settings=settings, shutdown=shutdown)
+    )
+    await asyncio.sleep(0.2)
+    started = time.monotonic()
+    shutdown.set()
+    summary = await asyncio.wait_for(task, timeout=5)
+    assert time.monotonic() - started < 1.0
+    assert summary.shutdown_requested and summary.iterations == 1 and summary.idle_waits == 1
+
+
+async def test_a_set_shutdown_event_runs_no_round(db, registry):
+    shutdown = asyncio.Event()
+    shutdown.set()
+    await publish(db, registry)
+    summary = await run_dispatcher(build_dispatcher(db, registry, fast()), shutdown=shutdown)
+    assert summary.iterations == 0 and summary.shutdown_requested
+    assert set((await statuses(db)).values()) == {"pending"}
+
+
+async def test_a_bug_in_the_callback_propagates(db, registry):
+    def broken(summary, result):
+        raise RuntimeError("console bug")
+
+    with pytest.raises(RuntimeError, match="console bug"):
+        await run_dispatcher(build_dispatcher(db, registry, fast()), on_iteration=broken)
+
+
+async def test_build_dispatcher_wires_the_settings(db, registry, clock):
+    from engine.locks import LeaseLock, PostgresAdvisoryLock
+    from engine.metrics import OutboxMetrics
+
+    metrics = OutboxMetrics()
+    settings = fast(
+        batch_size=17,
+        lease_seconds=12,
+        backoff_kind="fixed",
+        backoff_base_seconds=3,
+        backoff_max_seconds=3,
+        backoff_jitter=0,
+        use_lock=True,
+    )
+    dispatcher = build_dispatcher(
+        db, registry, settings, dispatcher_id="d-7", metrics=metrics, clock=clock
+    )
+    assert dispatcher.dispatcher_id == "d-7"
+    assert dispatcher.batch_size == 17
+    assert dispatcher.lease.total_seconds() == 12
+    assert dispatcher.backoff.delay(5).total_seconds() == 3
+    assert dispatcher.observers == [metrics]
+    expected = PostgresAdvisoryLock if db.dialect.name == "postgresql" else LeaseLock
+    assert isinstance(dispatcher.lock_provider, expected)
+    assert build_dispatcher(db, registry, fast()).lock_provider is None
