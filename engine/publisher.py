@@ -19,6 +19,8 @@ from engine.schema import outbox_events
 
 _SESSION_CONTEXT = "outbox_task_context"
 _SESSION_REGISTRY = "outbox_registry"
+# Set once the session wrote outbox rows; commit hooks (engine.wakeup) read and clear it.
+SESSION_EVENTS_WRITTEN = "outbox_events_written"
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +106,7 @@ class OutboxEventPublisher:
                     f"payload is not JSON-serialisable: {exc.orig}"
                 ) from None
             raise
+        self._session.info[SESSION_EVENTS_WRITTEN] = True
         return [row["id"] for row in rows]
 
     def _row(self, event: OutboxEvent, context: TaskContext | None) -> dict[str, Any]:
