@@ -100,7 +100,9 @@ def create_engine(url: str | URL, **kwargs: Any) -> AsyncEngine:
             raise DatabaseUrlError(str(exc)) from None
         _tune_sqlite(engine)
         return engine
-    kwargs.setdefault("pool_pre_ping", True)
+    # No pool_pre_ping: a ping per checkout is one more round trip on every business
+    # transaction. A connection that died with its server fails once, is invalidated by
+    # SQLAlchemy, and the run loop and console retry.
     return create_async_engine(parsed, **kwargs)
 
 

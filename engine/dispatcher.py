@@ -5,8 +5,9 @@ One round (``dispatch_once``) is three steps with no session per event:
 1. claim a batch in one statement (see ``engine.store``);
 2. deliver each event: to the registered handlers, or to an external
    publisher such as the RabbitMQ relay;
-3. write every outcome in one transaction: handler run records, the batch's
-   successes in one update, failures and dead letters one by one. Each is
+3. write every outcome in one transaction: the batch's successes in one update,
+   failures and dead letters one by one, and the handler run records of every
+   event that did not reach published (the ones that can be delivered again). Each is
    fenced by the claim's token, so a dispatcher whose lease expired (and whose
    rows another dispatcher has since reclaimed) changes nothing.
 """
@@ -189,8 +190,7 @@ class OutboxDispatcher:
         if self.external_publisher is not None:
             outcomes += await self._relay(deliverable, envelopes)
         else:
-            async with read_only_engine(self.engine).connect() as conn:
-                done = await self.idempotency.succeeded_handlers(conn, list(envelopes))
+            done = await self._succeeded_handlers(deliverable)
             # Stop starting handlers once most of the lease is spent: a row handled after its
             # lease expired may be handled again by another dispatcher meanwhile.
             deadline = claimed_at + self.lease * LEASE_BUDGET
@@ -202,6 +202,21 @@ class OutboxDispatcher:
                 outcomes.append(outcome)
                 records += row_records
         return await self._complete(len(claimed), outcomes, records)
+
+    async def _succeeded_handlers(self, rows: list[ClaimedRow]) -> set[tuple[str, str]]:
+        """Handler runs that already succeeded, looked up only for rows delivered before.
+
+        A first attempt of a never-replayed event cannot have any (a crash after a
+        handler ran but before completion shows up as a later attempt), so the
+        common case costs no query.
+        """
+        seen_before = [
+            r.event_id for r in rows if r.attempt_count > 1 or int(r.values["replay_count"]) > 0
+        ]
+        if not seen_before:
+            return set()
+        async with read_only_engine(self.engine).connect() as conn:
+            return await self.idempotency.succeeded_handlers(conn, seen_before)
 
     def _decode(self, row: ClaimedRow) -> tuple[EventEnvelope | None, str]:
         values = row.values
@@ -278,7 +293,6 @@ class OutboxDispatcher:
     ) -> DispatchResult:
         published = failed = dead = lost = 0
         async with self.engine.begin() as conn:
-            await self.idempotency.record_handler_runs(conn, records)
             now = self._clock()
             fence = store.Fence(self.dispatcher_id, now)
             wins = [
@@ -287,6 +301,11 @@ class OutboxDispatcher:
             done = await store.mark_published(conn, wins, fence)
             published = len(done)
             lost += len(wins) - published
+            # Run records matter only for events that can be delivered again; a published
+            # event is final (replay takes dead letters only), so its row is the record.
+            await self.idempotency.record_handler_runs(
+                conn, [r for r in records if r.event_id not in done]
+            )
             untouched = [
                 (o.row.event_id, o.row.claim_version) for o in outcomes if o.kind == "unattempted"
             ]

@@ -70,6 +70,9 @@ class EventSchemaSpec:
         return found
 
 
+_CONTEXT_SPEC = EventSchemaSpec(CONTEXT_FIELDS, OPTIONAL_CONTEXT_FIELDS)
+
+
 @dataclass(frozen=True, slots=True)
 class RegisteredHandler:
     event_type: str
@@ -132,8 +135,7 @@ class EventRegistry:
                 f"{event_type} v{event_version}: payload must be a JSON object, "
                 f"got {type(payload).__name__}"
             )
-        context_spec = EventSchemaSpec(CONTEXT_FIELDS, OPTIONAL_CONTEXT_FIELDS)
-        problems = context_spec.problems(payload)
+        problems = _CONTEXT_SPEC.problems(payload)
         spec = self._schemas[(event_type, event_version)]
         if spec is not None:
             problems += [p for p in spec.problems(payload) if p not in problems]
