@@ -30,9 +30,9 @@ from engine import (
     TaskContext,
     create_engine,
     create_schema,
+    store,
     unit_of_work,
 )
-from engine import store
 from engine.clock import utc_now, uuid7
 from engine.schema import handler_runs, outbox_events
 
