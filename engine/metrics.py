@@ -109,9 +109,7 @@ class OutboxMetrics:
         self.dead_letter.set(counts.get(DEAD_LETTER, 0))
         if oldest is None:
             self.oldest_pending_age.set(0)
-        else:
-            if isinstance(oldest, str):  # func.min() loses the column type on SQLite
-                oldest = datetime.fromisoformat(oldest)
+        else:  # min() keeps the column's type, so this is an aware datetime on every backend
             age = (self._clock() - as_utc(oldest)).total_seconds()
             self.oldest_pending_age.set(max(0.0, age))
 

@@ -346,12 +346,13 @@ class _RunLoop:
         self.summary.last_error = message
         for metrics in self.metrics:
             metrics.observe_storage_error()
+        retry = f", retrying in {self._retry_delay:.3g}s" if during != "heartbeat" else ""
         log.warning(
-            "dispatcher %s: %s failed (storage error %d, retrying in %.1fs): %s",
+            "dispatcher %s: %s failed (storage error %d%s): %s",
             self.dispatcher.dispatcher_id,
             during,
             self.summary.storage_errors,
-            self._retry_delay,
+            retry,
             message,
         )
 

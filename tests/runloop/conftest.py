@@ -102,11 +102,14 @@ async def heartbeat_row(engine: AsyncEngine, instance_id: str) -> dict[str, obje
 
 
 async def eventually(
-    condition: Callable[[], bool], *, timeout: float = 10.0, interval: float = 0.01
+    condition: Callable[[], bool],
+    *,
+    within: float = 10.0,
+    interval: float = 0.01,
 ) -> None:
-    """Wait until ``condition()`` holds; fail the test after ``timeout`` seconds."""
-    deadline = asyncio.get_running_loop().time() + timeout
+    """Wait until ``condition()`` holds; fail the test after ``within`` seconds."""
+    deadline = asyncio.get_running_loop().time() + within
     while not condition():
         if asyncio.get_running_loop().time() > deadline:
-            pytest.fail(f"condition not met within {timeout}s")
+            pytest.fail(f"condition not met within {within}s")
         await asyncio.sleep(interval)

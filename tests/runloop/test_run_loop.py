@@ -85,7 +85,9 @@ async def test_shutdown_interrupts_a_long_idle_sleep(db, registry):
     shutdown = asyncio.Event()
     settings = fast(idle_sleep_seconds=30, wakeup="off")
     task = asyncio.create_task(
-        run_dispatcher(build_dispatcher(db, registry, settings), settings=settings, shutdown=shutdown)
+        run_dispatcher(
+            build_dispatcher(db, registry, settings), settings=settings, shutdown=shutdown
+        )
     )
     await asyncio.sleep(0.2)
     started = time.monotonic()
