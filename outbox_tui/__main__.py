@@ -1,0 +1,8 @@
+"""``python -m outbox_tui``: the same entry point as the ``outbox-tui`` script."""
+
+import sys
+
+from outbox_tui.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,403 @@
+"""What the command line prints: stable JSON records and rich text for people.
+
+Every command builds its JSON record here (so the keys documented in
+``docs/cli.md`` live in one module) and renders the same data as rich tables
+for a terminal. Errors are written as exactly one plain line: rich never wraps
+or decorates them, so scripts can match ``outbox-tui: error: ...``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from engine.insights import EventSummary, HeartbeatView, OverviewSnapshot
+
+PROG = "outbox-tui"
+COUNTERS = ("claimed", "published", "failed", "dead_lettered", "lost_leases")
+HEARTBEAT_TOTALS = (*COUNTERS, "purged", "storage_errors")
+# A run's totals that change only when an iteration did something.
+WORK_TOTALS = HEARTBEAT_TOTALS
+
+
+# -- plain values ----------------------------------------------------------------------
+
+
+def iso(value: datetime | None) -> str | None:
+    """ISO 8601 in UTC with a ``Z`` suffix (``2026-01-01T12:00:00.000000Z``)."""
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def seconds(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def age(value: float | None) -> str:
+    """A short human age: ``4.2s``, ``3m 5s``, ``2h 10m``, ``3d 4h``."""
+    if value is None:
+        return "-"
+    if value < 60:
+        return f"{value:.1f}s"
+    minutes, secs = divmod(int(value), 60)
+    if minutes < 60:
+        return f"{minutes}m {secs}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours}h {minutes}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d {hours}h"
+
+
+def rate(count: int, elapsed: float) -> float:
+    return round(count / elapsed, 2) if elapsed > 0 else 0.0
+
+
+# -- JSON records ----------------------------------------------------------------------
+
+
+def dead_letter_record(event: EventSummary) -> dict[str, Any]:
+    return {
+        "id": event.id,
+        "tenant_id": event.tenant_id,
+        "event_type": event.event_type,
+        "event_version": event.event_version,
+        "aggregate_type": event.aggregate_type,
+        "aggregate_id": event.aggregate_id,
+        "attempt_count": event.attempt_count,
+        "last_error": event.last_error,
+        "dead_letter_reason": event.dead_letter_reason,
+        "created_at": iso(event.created_at),
+        "replay_count": event.replay_count,
+    }
+
+
+def heartbeat_record(hb: HeartbeatView) -> dict[str, Any]:
+    return {
+        "instance_id": hb.instance_id,
+        "kind": hb.kind,
+        "host": hb.host,
+        "pid": hb.pid,
+        "state": hb.state,
+        "started_at": iso(hb.started_at),
+        "last_seen_at": iso(hb.last_seen_at),
+        "last_seen_age_seconds": seconds(hb.last_seen_age_seconds),
+        "iterations": hb.iterations,
+        "totals": {name: hb.total(name) for name in HEARTBEAT_TOTALS},
+    }
+
+
+def stats_record(snapshot: OverviewSnapshot, database_url: str) -> dict[str, Any]:
+    """``database_url`` must already be masked."""
+    counts = {name: int(n) for name, n in snapshot.counts.items()}
+    return {
+        "database_url": database_url,
+        "taken_at": iso(snapshot.taken_at),
+        "counts": counts,
+        "total": sum(counts.values()),
+        "oldest_pending_at": iso(snapshot.oldest_pending_at),
+        "oldest_pending_age_seconds": seconds(snapshot.oldest_pending_age_seconds),
+        "stuck_publishing": snapshot.stuck_publishing,
+        "published_recent": snapshot.published_recent,
+        "recent_window_seconds": snapshot.recent_window_seconds,
+        "awaiting_purge": snapshot.awaiting_purge,
+        "retention_seconds": snapshot.retention_seconds,
+        "heartbeats": [heartbeat_record(hb) for hb in snapshot.heartbeats],
+    }
+
+
+@dataclass(slots=True)
+class ReplayReport:
+    """What a replay did (or, for a dry run, would do)."""
+
+    dry_run: bool
+    operator: str
+    reason: str | None
+    matched: int = 0
+    by_type: dict[str, int] = field(default_factory=dict)
+    replayed: list[str] = field(default_factory=list)
+    refused: dict[str, str] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "dry_run": self.dry_run,
+            "matched": self.matched,
+            "by_type": dict(self.by_type),
+            "replayed": list(self.replayed),
+            "refused": dict(self.refused),
+            "operator": self.operator,
+            "reason": self.reason,
+        }
+
+
+def dispatch_once_record(result: Mapping[str, int], dispatcher_id: str) -> dict[str, Any]:
+    return {"dispatcher_id": dispatcher_id, **{name: int(result[name]) for name in COUNTERS}}
+
+
+# -- the writer ------------------------------------------------------------------------
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return iso(value)
+    if isinstance(value, set | frozenset | tuple):
+        return list(value)
+    return str(value)
+
+
+class Output:
+    """stdout for results (JSON or rich), stderr for errors, progress and status."""
+
+    def __init__(
+        self, *, json_mode: bool, stdout: TextIO | None = None, stderr: TextIO | None = None
+    ) -> None:
+        self.json_mode = json_mode
+        self._stdout = stdout or sys.stdout
+        self._stderr = stderr or sys.stderr
+        self.console = Console(file=self._stdout, highlight=False)
+        self.err_console = Console(file=self._stderr, highlight=False)
+
+    def json(self, record: Any) -> None:
+        """One compact JSON value on one line, flushed at once (for pipes and tests)."""
+        self._stdout.write(json.dumps(record, default=_json_default, sort_keys=False) + "\n")
+        self._stdout.flush()
+
+    def error(self, message: str) -> None:
+        """``outbox-tui: error: <message>`` as one line on stderr, no markup."""
+        line = " ".join(str(message).split())
+        self._stderr.write(f"{PROG}: error: {line}\n")
+        self._stderr.flush()
+
+    def note(self, message: str) -> None:
+        """A short human remark on stderr (never in JSON mode's stdout)."""
+        self.err_console.print(Text(message, style="dim"), soft_wrap=True)
+
+    def say(self, message: str) -> None:
+        """A one-line human result on stdout (text mode)."""
+        self.console.print(Text(message), soft_wrap=True)
+
+
+# -- rich renderers --------------------------------------------------------------------
+
+
+def _cell(value: Any, limit: int = 60) -> str:
+    if value is None:
+        return "-"
+    text = " ".join(str(value).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def dead_letters_table(events: Sequence[EventSummary], *, has_more: bool) -> Table:
+    title = f"{len(events)} dead letter(s)" + (" (more: raise --limit)" if has_more else "")
+    table = Table(title=title, title_justify="left", expand=False)
+    for name in ("id", "tenant", "type", "aggregate", "attempts", "replays", "created", "reason"):
+        if name == "id":  # ids are for copying: never shortened
+            table.add_column(name, no_wrap=True, min_width=36)
+        else:
+            table.add_column(name, overflow="ellipsis")
+    for e in events:
+        table.add_row(
+            e.id,
+            e.tenant_id,
+            f"{e.event_type} v{e.event_version}",
+            f"{e.aggregate_type}/{e.aggregate_id}",
+            str(e.attempt_count),
+            str(e.replay_count),
+            iso(e.created_at) or "-",
+            _cell(e.dead_letter_reason or e.last_error),
+        )
+    return table
+
+
+def stats_tables(snapshot: OverviewSnapshot, database_url: str) -> list[Table | Text]:
+    record = stats_record(snapshot, database_url)
+    overview = Table(title=f"outbox at {database_url}", title_justify="left", show_header=False)
+    overview.add_column("what", style="bold")
+    overview.add_column("value", justify="right")
+    for status, count in record["counts"].items():
+        overview.add_row(status, str(count))
+    overview.add_row("total", str(record["total"]))
+    overview.add_row("oldest pending age", age(record["oldest_pending_age_seconds"]))
+    overview.add_row("stuck in publishing (lease expired)", str(record["stuck_publishing"]))
+    window = age(record["recent_window_seconds"])
+    overview.add_row(f"published in the last {window}", str(record["published_recent"]))
+    purge = record["awaiting_purge"]
+    overview.add_row(
+        "awaiting retention purge",
+        "- (give --retention-seconds)" if purge is None else str(purge),
+    )
+    tables: list[Table | Text] = [overview]
+    if not record["heartbeats"]:
+        tables.append(Text("no dispatcher heartbeats yet (none has run against this database)"))
+        return tables
+    beats = Table(title="dispatchers (heartbeats)", title_justify="left")
+    beats.add_column("instance", no_wrap=True)
+    for name in ("host", "pid", "state", "last seen", "iterations", "published"):
+        beats.add_column(name)
+    beats.add_column("failed")
+    beats.add_column("dead")
+    styles = {"alive": "green", "stale": "yellow", "stopped": "dim"}
+    for hb in record["heartbeats"]:
+        beats.add_row(
+            hb["instance_id"],
+            hb["host"],
+            str(hb["pid"]),
+            Text(hb["state"], style=styles.get(hb["state"], "")),
+            age(hb["last_seen_age_seconds"]) + " ago",
+            str(hb["iterations"]),
+            str(hb["totals"]["published"]),
+            str(hb["totals"]["failed"]),
+            str(hb["totals"]["dead_lettered"]),
+        )
+    tables.append(beats)
+    return tables
+
+
+def replay_text(report: ReplayReport) -> list[str]:
+    if report.dry_run:
+        lines = [f"dry run: {report.matched} dead letter(s) would be replayed (nothing changed)"]
+        lines += [f"  {n:>6}  {event_type}" for event_type, n in report.by_type.items()]
+        lines += [f"  would refuse {i}: {why}" for i, why in report.refused.items()]
+        return lines
+    lines = [f"replayed {i}" for i in report.replayed]
+    lines.append(
+        f"{len(report.replayed)} replayed, {len(report.refused)} refused "
+        f"(operator {report.operator}" + (f", reason {report.reason!r})" if report.reason else ")")
+    )
+    return lines
+
+
+def counters_table(title: str, counters: Mapping[str, Any]) -> Table:
+    table = Table(title=title, title_justify="left", show_header=False)
+    table.add_column("counter", style="bold")
+    table.add_column("value", justify="right")
+    for name, value in counters.items():
+        table.add_row(name.replace("_", " "), str(value))
+    return table
+
+
+# -- the headless run loop -------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class RunClock:
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+
+def status_line(totals: Mapping[str, Any], elapsed: float) -> Text:
+    line = Text("dispatching ", style="bold")
+    line.append(f"iterations {totals.get('iterations', 0)}  ")
+    line.append(f"claimed {totals.get('claimed', 0)}  ")
+    line.append(f"published {totals.get('published', 0)}  ", style="green")
+    line.append(f"failed {totals.get('failed', 0)}  ", style="yellow")
+    line.append(f"dead-lettered {totals.get('dead_lettered', 0)}  ", style="red")
+    line.append(f"{rate(int(totals.get('published', 0)), elapsed)}/s  ")
+    line.append(f"up {age(elapsed)}", style="dim")
+    return line
+
+
+class RunReporter:
+    """Reports a ``--dispatch`` run: JSON lines on stdout, or a live status line on stderr.
+
+    JSON mode writes ``started`` first, ``iteration`` for every iteration whose
+    totals changed (it did work, purged, or hit a storage error), ``idle`` at
+    most every ``idle_every`` seconds while nothing happens, and ``summary`` last.
+    """
+
+    def __init__(self, out: Output, *, idle_every: float = 10.0) -> None:
+        self.out = out
+        self.idle_every = idle_every
+        self.clock = RunClock()
+        self._last_line = self.clock.started
+        self._previous = _work_totals({})
+        self._live: Live | None = None
+
+    def started(self, details: Mapping[str, Any]) -> None:
+        self.clock = RunClock()
+        self._last_line = self.clock.started
+        if self.out.json_mode:
+            self.out.json({"event": "started", **details})
+            return
+        self.out.note(
+            f"dispatching as {details.get('instance_id')} from {details.get('database_url')}"
+            " (Ctrl-C or SIGTERM to stop after the current batch)"
+        )
+        if self.out.err_console.is_terminal:
+            self._live = Live(
+                status_line({}, 0.0), console=self.out.err_console, refresh_per_second=4
+            )
+            self._live.start()
+
+    def iteration(self, totals: Mapping[str, Any], result: Mapping[str, int]) -> None:
+        elapsed = self.clock.elapsed
+        if self._live is not None:
+            self._live.update(status_line(totals, elapsed))
+        if not self.out.json_mode:
+            return
+        changed = _work_totals(totals) != self._previous
+        now = time.monotonic()
+        if changed:
+            self._previous = _work_totals(totals)
+            self.out.json(
+                {
+                    "event": "iteration",
+                    "iteration": totals.get("iterations", 0),
+                    **{name: int(result.get(name, 0)) for name in COUNTERS},
+                    "totals": dict(totals),
+                    "elapsed_seconds": seconds(elapsed),
+                    "rate_per_second": rate(int(totals.get("published", 0)), elapsed),
+                }
+            )
+            self._last_line = now
+        elif now - self._last_line >= self.idle_every:
+            self.out.json(
+                {
+                    "event": "idle",
+                    "iteration": totals.get("iterations", 0),
+                    "totals": dict(totals),
+                    "elapsed_seconds": seconds(elapsed),
+                }
+            )
+            self._last_line = now
+
+    def finished(self, totals: Mapping[str, Any], instance_id: str) -> None:
+        self.stop()
+        elapsed = self.clock.elapsed
+        record = {
+            "event": "summary",
+            **totals,
+            "instance_id": instance_id,
+            "elapsed_seconds": seconds(elapsed),
+            "rate_per_second": rate(int(totals.get("published", 0)), elapsed),
+        }
+        if self.out.json_mode:
+            self.out.json(record)
+        else:
+            shown = {k: v for k, v in record.items() if k != "event"}
+            self.out.console.print(counters_table("dispatch run summary", shown))
+
+    def stop(self) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+
+
+def _work_totals(totals: Mapping[str, Any]) -> dict[str, Any]:
+    return {name: totals.get(name, 0) for name in WORK_TOTALS}

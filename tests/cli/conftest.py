@@ -1,0 +1,170 @@
+"""CLI fixtures: run ``python -m outbox_tui`` as a real subprocess, and seed outbox databases.
+
+Seeding happens in-process through the engine and the example app (fast); everything under
+test runs in a child process with a clean ``OUTBOX_*`` environment and a private working
+directory, so the default ``./outbox.db`` never lands in the repository.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+
+from engine import OutboxDispatcher, create_engine, create_schema
+from engine.schema import outbox_events
+from examples.orders import create_tables
+from examples.orders.traffic import generate_orders
+from outbox_tui.apps import load_registry
+
+APP = "examples.orders"
+ERROR_PREFIX = "outbox-tui: error: "
+
+
+@dataclass(frozen=True)
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    def json(self) -> Any:
+        return json.loads(self.stdout)
+
+    def json_lines(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.stdout.splitlines() if line.strip()]
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+    def assert_one_error_line(self, *fragments: str, status: int) -> str:
+        """Exit ``status``, exactly one stderr line with the prefix, no traceback."""
+        assert self.returncode == status, self
+        lines = self.stderr.splitlines()
+        assert len(lines) == 1, self.stderr
+        assert lines[0].startswith(ERROR_PREFIX), lines[0]
+        assert "Traceback" not in self.output
+        for fragment in fragments:
+            assert fragment in lines[0], lines[0]
+        return lines[0]
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
+    env.update(COLUMNS="200", PYTHONUNBUFFERED="1", NO_COLOR="1")
+    env.update(extra)
+    return env
+
+
+class Cli:
+    """Runs the CLI in ``cwd`` with a clean environment."""
+
+    def __init__(self, cwd: Path) -> None:
+        self.cwd = cwd
+
+    def command(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "outbox_tui", *args]
+
+    def __call__(
+        self, *args: str, env: dict[str, str] | None = None, timeout: float = 60
+    ) -> Result:
+        done = subprocess.run(
+            self.command(*args),
+            cwd=self.cwd,
+            env=cli_env(**(env or {})),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        return Result(done.returncode, done.stdout, done.stderr)
+
+    def popen(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            self.command(*args),
+            cwd=self.cwd,
+            env=cli_env(**(env or {})),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Cli:
+    return Cli(tmp_path)
+
+
+def read_json_lines(
+    proc: subprocess.Popen[str], *, timeout: float = 30
+) -> Iterator[dict[str, Any]]:
+    """JSON lines from a running process's stdout, failing the test after ``timeout``."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as selector:
+        selector.register(proc.stdout, selectors.EVENT_READ)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not selector.select(left):
+                proc.kill()
+                pytest.fail(f"no JSON line within {timeout}s")
+            line = proc.stdout.readline()
+            if not line:
+                return
+            yield json.loads(line)
+
+
+# -- seeding ---------------------------------------------------------------------------
+
+
+async def seed_orders(url: str, count: int = 20, *, dispatch: bool = False) -> None:
+    """Outbox schema, the example's tables, ``count`` orders; optionally one dispatch round.
+
+    One round over the seed's fixed amounts publishes most events, fails the flaky ones
+    (retried later) and dead-letters the orders over the credit limit.
+    """
+    engine = create_engine(url)
+    try:
+        await create_schema(engine)
+        await create_tables(engine)
+        registry = load_registry([APP])
+        await generate_orders(engine, registry, count)
+        if dispatch:
+            await OutboxDispatcher(engine, registry, dispatcher_id="seed").dispatch_once()
+    finally:
+        await engine.dispose()
+
+
+async def status_counts(url: str) -> dict[str, int]:
+    engine = create_engine(url)
+    try:
+        async with engine.connect() as conn:
+            t = outbox_events
+            rows = await conn.execute(select(t.c.status, func.count()).group_by(t.c.status))
+            return {status: int(n) for status, n in rows}
+    finally:
+        await engine.dispose()
+
+
+@pytest.fixture
+async def orders_url(database_url: str) -> str:
+    """A database with 20 orders' events pending (24 with the cancellations)."""
+    await seed_orders(database_url)
+    return database_url
+
+
+@pytest.fixture
+async def dead_letters_url(database_url: str) -> str:
+    """A database after one dispatch round: published, failed and dead-letter rows."""
+    await seed_orders(database_url, dispatch=True)
+    return database_url

@@ -1,0 +1,259 @@
+"""One-shot commands as a user runs them: init-db, stats, dispatch-once, dead-letter list/replay."""
+
+from __future__ import annotations
+
+import getpass
+import re
+from datetime import datetime
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.engine import make_url
+
+from engine import create_engine
+from engine.insights import EventFilter, OutboxInsights
+from engine.schema import DEAD_LETTER, PUBLISHED, replay_log
+from outbox_tui.cli import main
+from tests.cli.conftest import APP, Cli, status_counts
+
+STATS_KEYS = {
+    "database_url",
+    "taken_at",
+    "counts",
+    "total",
+    "oldest_pending_at",
+    "oldest_pending_age_seconds",
+    "stuck_publishing",
+    "published_recent",
+    "recent_window_seconds",
+    "awaiting_purge",
+    "retention_seconds",
+    "heartbeats",
+}
+DEAD_LETTER_KEYS = {
+    "id",
+    "tenant_id",
+    "event_type",
+    "event_version",
+    "aggregate_type",
+    "aggregate_id",
+    "attempt_count",
+    "last_error",
+    "dead_letter_reason",
+    "created_at",
+    "replay_count",
+}
+COUNTER_KEYS = {"claimed", "published", "failed", "dead_lettered", "lost_leases"}
+REPLAY_KEYS = {"dry_run", "matched", "by_type", "replayed", "refused", "operator", "reason"}
+
+
+def masked(url: str) -> str:
+    return make_url(url).render_as_string(hide_password=True)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        [],
+        ["dispatch-once"],
+        ["dead-letter"],
+        ["dead-letter", "list"],
+        ["dead-letter", "replay"],
+        ["stats"],
+        ["init-db"],
+    ],
+)
+def test_every_command_has_help_with_examples(
+    command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main([*command, "--help"])
+    assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    assert "examples:" in text
+    assert f"outbox-tui {' '.join(command)}".strip() in text
+
+
+def test_help_runs_as_a_program(cli: Cli) -> None:
+    result = cli("--help")
+    assert result.returncode == 0
+    assert "--dispatch" in result.stdout and "dead-letter" in result.stdout
+
+
+async def test_init_db_then_stats(cli: Cli, database_url: str) -> None:
+    missing = cli("stats", "--json", "--database-url", database_url)
+    missing.assert_one_error_line("outbox-tui init-db", status=1)
+
+    created = cli("init-db", "--database-url", database_url)
+    assert created.returncode == 0, created
+    assert created.stdout.startswith("created the outbox schema at ")
+    again = cli("init-db", "--database-url", database_url, "--json")
+    assert again.returncode == 0, again
+    assert again.json() == {"database_url": masked(database_url), "schema": "present"}
+
+    stats = cli("stats", "--database-url", database_url, "--json", "--retention-seconds", "60")
+    assert stats.returncode == 0, stats
+    record = stats.json()
+    assert set(record) == STATS_KEYS
+    assert record["counts"] == dict.fromkeys(
+        ("pending", "publishing", "published", "failed", "dead_letter"), 0
+    )
+    assert record["total"] == 0
+    assert record["awaiting_purge"] == 0 and record["retention_seconds"] == 60
+    assert record["oldest_pending_at"] is None and record["heartbeats"] == []
+    assert record["database_url"] == masked(database_url)
+    assert record["taken_at"].endswith("Z")
+
+
+async def test_dispatch_once_with_the_example_app(cli: Cli, orders_url: str) -> None:
+    env = {"OUTBOX_DATABASE_URL": orders_url}
+    result = cli("dispatch-once", "--installed-app", APP, "--batch-size", "10", "--json", env=env)
+    assert result.returncode == 0, result
+    record = result.json()
+    assert set(record) == COUNTER_KEYS | {"dispatcher_id"}
+    assert record["claimed"] == 10
+    assert record["published"] + record["failed"] + record["dead_lettered"] == 10
+    assert record["lost_leases"] == 0
+    counts = await status_counts(orders_url)
+    assert counts.get("pending") == 24 - 10
+
+    text = cli("dispatch-once", "--installed-app", APP, env=env)
+    assert text.returncode == 0, text
+    assert "claimed" in text.stdout and "published" in text.stdout
+
+
+async def test_stats_after_work(cli: Cli, dead_letters_url: str) -> None:
+    result = cli("stats", "--json", env={"OUTBOX_DATABASE_URL": dead_letters_url})
+    assert result.returncode == 0, result
+    record = result.json()
+    counts = await status_counts(dead_letters_url)
+    assert record["counts"] == {s: counts.get(s, 0) for s in record["counts"]}
+    assert record["total"] == sum(counts.values())
+    assert record["retention_seconds"] == 7 * 24 * 3600  # the dispatcher setting's default
+
+    text = cli("stats", env={"OUTBOX_DATABASE_URL": dead_letters_url})
+    assert text.returncode == 0, text
+    assert "dead_letter" in text.stdout and "no dispatcher heartbeats yet" in text.stdout
+
+
+async def test_dead_letter_list(cli: Cli, dead_letters_url: str) -> None:
+    env = {"OUTBOX_DATABASE_URL": dead_letters_url}
+    result = cli("dead-letter", "list", "--json", env=env)
+    assert result.returncode == 0, result
+    events = result.json()
+    assert isinstance(events, list)
+    assert len(events) == (await status_counts(dead_letters_url))[DEAD_LETTER] >= 2
+    for event in events:
+        assert set(event) == DEAD_LETTER_KEYS
+        assert event["dead_letter_reason"].startswith("permanent:")
+        assert event["created_at"].endswith("Z")
+        datetime.fromisoformat(event["created_at"])
+    assert [e["id"] for e in events] == sorted((e["id"] for e in events), reverse=True)
+
+    tenant = events[-1]["tenant_id"]
+    narrowed = cli("dead-letter", "list", "--tenant", tenant, "--limit", "1", "--json", env=env)
+    assert narrowed.returncode == 0, narrowed
+    assert [e["tenant_id"] for e in narrowed.json()] == [tenant]
+
+    table = cli("dead-letter", "list", "--event-type", "orders.placed", env=env)
+    assert table.returncode == 0, table
+    assert all(e["id"] in table.stdout for e in events)
+
+
+async def _ids(url: str, status: str) -> list[str]:
+    engine = create_engine(url)
+    try:
+        return await OutboxInsights(engine).matching_ids(EventFilter(statuses=(status,)))
+    finally:
+        await engine.dispose()
+
+
+async def _audit(url: str) -> list[dict[str, object]]:
+    engine = create_engine(url)
+    try:
+        async with engine.connect() as conn:
+            rows = await conn.execute(select(replay_log).order_by(replay_log.c.id))
+            return [dict(r) for r in rows.mappings()]
+    finally:
+        await engine.dispose()
+
+
+async def test_replay_safeguards_dry_run_and_audit(cli: Cli, dead_letters_url: str) -> None:
+    env = {"OUTBOX_DATABASE_URL": dead_letters_url}
+    dead = await _ids(dead_letters_url, DEAD_LETTER)
+    published = (await _ids(dead_letters_url, PUBLISHED))[0]
+    before = await status_counts(dead_letters_url)
+
+    refused = cli("dead-letter", "replay", "--event-id", dead[0], env=env)
+    refused.assert_one_error_line("add --yes", status=2)
+
+    dry = cli(
+        "dead-letter",
+        "replay",
+        "--all",
+        "--event-type",
+        "orders.placed",
+        "--dry-run",
+        "--json",
+        env=env,
+    )
+    assert dry.returncode == 0, dry
+    report = dry.json()
+    assert set(report) == REPLAY_KEYS
+    assert report["dry_run"] is True and report["replayed"] == []
+    assert report["matched"] == len(dead) and report["by_type"] == {"orders.placed": len(dead)}
+    assert await status_counts(dead_letters_url) == before
+    assert await _audit(dead_letters_url) == []
+
+    mixed = cli(
+        "dead-letter",
+        "replay",
+        "--event-id",
+        published,
+        "--event-id",
+        dead[0],
+        "--yes",
+        "--reason",
+        "credit limit raised",
+        "--operator",
+        "alice",
+        "--json",
+        env=env,
+    )
+    line = mixed.assert_one_error_line(published, "status is published", status=1)
+    assert re.match(rf"outbox-tui: error: cannot replay {published}: ", line)
+    report = mixed.json()
+    assert report["replayed"] == [dead[0]]
+    assert list(report["refused"]) == [published]
+    audit = await _audit(dead_letters_url)
+    assert [(a["event_id"], a["operator"], a["reason"]) for a in audit] == [
+        (dead[0], "alice", "credit limit raised")
+    ]
+    assert audit[0]["cleared_dead_letter_reason"].startswith("permanent:")
+
+    rest = cli("dead-letter", "replay", "--all", "--yes", env=env)
+    assert rest.returncode == 0, rest
+    assert f"{len(dead) - 1} replayed, 0 refused" in rest.stdout
+    assert DEAD_LETTER not in await status_counts(dead_letters_url)
+    operators = {a["operator"] for a in (await _audit(dead_letters_url))[1:]}
+    assert operators == {getpass.getuser()}
+
+
+async def test_replay_dry_run_by_id_reports_what_would_be_refused(
+    cli: Cli, dead_letters_url: str
+) -> None:
+    dead = (await _ids(dead_letters_url, DEAD_LETTER))[0]
+    result = cli(
+        "dead-letter",
+        "replay",
+        "--event-id",
+        dead,
+        "--event-id",
+        "no-such-id",
+        "--dry-run",
+        "--json",
+        env={"OUTBOX_DATABASE_URL": dead_letters_url},
+    )
+    result.assert_one_error_line("would refuse no-such-id: no such event", status=1)
+    assert result.json()["matched"] == 1
+    assert await _audit(dead_letters_url) == []

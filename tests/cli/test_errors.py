@@ -1,0 +1,164 @@
+"""Failures are one line on stderr (``outbox-tui: error: ...``), never a traceback or a password."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+from sqlalchemy.engine import make_url
+
+from engine import create_schema
+from tests.cli.conftest import APP, Cli
+
+BROKER_DOWN = "amqp://guest:guest@127.0.0.1:1/"
+
+
+@pytest.fixture
+async def ready_url(sqlite_url: str) -> str:
+    """An SQLite outbox with its schema, so failures come from what each case changes."""
+    await create_schema(sqlite_url)
+    return sqlite_url
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "fragments", "status"),
+    [
+        pytest.param(
+            ["stats", "--database-url", "mysql://app:hunter2@db/app"],
+            {},
+            ["unsupported database URL scheme 'mysql'"],
+            2,
+            id="bad-url-scheme",
+        ),
+        pytest.param(
+            ["init-db", "--database-url", "sqlite+aiosqlite:////no-such-dir/outbox.db"],
+            {},
+            ["cannot reach the database", "unable to open database file"],
+            1,
+            id="unreachable-sqlite",
+        ),
+        pytest.param(
+            ["dispatch-once", "--installed-app", "no_such_app_module"],
+            {},
+            ["cannot import installed app 'no_such_app_module'"],
+            2,
+            id="unknown-installed-app",
+        ),
+        pytest.param(
+            ["dispatch-once", "--installed-app", "json"],
+            {},
+            ["installed app 'json' has no register(registry) function"],
+            2,
+            id="app-without-register",
+        ),
+        pytest.param(
+            ["dispatch-once", "--installed-app", APP],
+            {"OUTBOX_DISPATCHER__BATCH_SIZE": "lots"},
+            ["OUTBOX_DISPATCHER__BATCH_SIZE / --batch-size must be an integer", "lots"],
+            2,
+            id="invalid-batch-size-setting",
+        ),
+        pytest.param(
+            ["--dispatch"],
+            {},
+            ["nothing would deliver the events", "--installed-app", "--amqp-url"],
+            2,
+            id="no-handlers-no-broker",
+        ),
+        pytest.param(
+            ["dispatch-once", "--amqp-url", BROKER_DOWN],
+            {},
+            ["no event types are registered", "--installed-app"],
+            2,
+            id="relay-without-event-types",
+        ),
+        pytest.param(
+            ["dispatch-once", "--installed-app", APP, "--amqp-url", BROKER_DOWN],
+            {},
+            ["cannot reach RabbitMQ", "127.0.0.1:1"],
+            1,
+            id="broker-down",
+        ),
+        pytest.param(
+            ["stats", "--bogus"],
+            {},
+            ["unrecognized arguments: --bogus", "--help"],
+            2,
+            id="unknown-option",
+        ),
+        pytest.param(
+            ["--batch-size", "5", "stats"],
+            {},
+            ["--batch-size does not apply here"],
+            2,
+            id="option-of-another-mode",
+        ),
+        pytest.param(
+            ["--installed-app", "no_such_app_module"],
+            {},
+            ["cannot import installed app"],
+            2,
+            id="console-unknown-app",
+        ),
+    ],
+)
+def test_one_line_errors(
+    cli: Cli,
+    ready_url: str,
+    args: list[str],
+    env: dict[str, str],
+    fragments: list[str],
+    status: int,
+) -> None:
+    result = cli(*args, env={"OUTBOX_DATABASE_URL": ready_url, **env})
+    result.assert_one_error_line(*fragments, status=status)
+    assert result.stdout == ""
+    assert ":hunter2@" not in result.output and ":guest@" not in result.output
+
+
+def test_missing_tables_name_init_db(cli: Cli, tmp_path: Path) -> None:
+    (tmp_path / "empty.db").touch()
+    result = cli(
+        "dead-letter", "list", "--database-url", f"sqlite+aiosqlite:///{tmp_path}/empty.db"
+    )
+    result.assert_one_error_line("outbox tables are missing", "`outbox-tui init-db`", status=1)
+
+
+@pytest.mark.postgresql
+async def test_passwords_are_never_printed(cli: Cli, pg_url: str) -> None:
+    url = make_url(pg_url)
+    password = str(url.password)
+    env = {"OUTBOX_DATABASE_URL": pg_url}
+
+    missing = cli("stats", "--json", env=env)
+    missing.assert_one_error_line("outbox tables are missing", status=1)
+    created = cli("init-db", "--database-url", pg_url)
+    stats = cli("stats", "--json", env=env)
+    run = cli(
+        "--dispatch",
+        "--installed-app",
+        APP,
+        "--max-iterations",
+        "1",
+        "--json",
+        "--log-level",
+        "DEBUG",
+        env=env,
+    )
+    for result in (created, stats, run):
+        assert result.returncode == 0, result
+    assert stats.json()["database_url"] == url.render_as_string(hide_password=True)
+
+    wrong_port = cli("stats", env={"OUTBOX_DATABASE_URL": url.set(port=1).render_as_string(False)})
+    wrong_port.assert_one_error_line("cannot reach the database", status=1)
+
+    for result in (missing, created, stats, run, wrong_port):
+        assert password not in result.output, result
+
+    wrong = f"wrong-{uuid.uuid4().hex}"
+    bad_login = cli(
+        "dead-letter", "list", "--database-url", url.set(password=wrong).render_as_string(False)
+    )
+    bad_login.assert_one_error_line("password authentication failed", status=1)
+    assert wrong not in bad_login.output
