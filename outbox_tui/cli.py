@@ -18,6 +18,7 @@ import os
 import re
 import signal
 import sys
+import textwrap
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -171,7 +172,7 @@ def _subparser(sub: Any, name: str, help_: str, description: str, *examples: str
     parser: Parser = sub.add_parser(
         name,
         help=help_,
-        description=description,
+        description=textwrap.fill(description, 88),
         epilog=_examples(*examples),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -281,7 +282,8 @@ def _add_dispatch(parser: argparse.ArgumentParser, *, loop: bool) -> None:
         metavar="N",
         type=int,
         default=argparse.SUPPRESS,
-        help="attempt budget setting (rows keep the budget they were published with)",
+        help="attempt budget setting (validated and reported; each row keeps the "
+        "max_attempts it was published with)",
     )
     group.add_argument(
         "--lock",
@@ -350,8 +352,8 @@ def build_parser() -> Parser:
         description="Operate a transactional outbox: the console (no subcommand), the "
         "headless dispatcher (--dispatch), and one-shot commands.",
         epilog=_examples(
-            f"{PROG} --installed-app examples.orders          # open the console",
-            f"{PROG} --demo                                     # console with demo traffic",
+            f"{PROG} --installed-app examples.orders    # open the console",
+            f"{PROG} --demo                               # the console with demo traffic",
             f"{PROG} init-db --database-url postgresql+asyncpg://app:secret@db/app",
             f"{PROG} --dispatch --installed-app examples.orders --json",
             f"{PROG} --dispatch --amqp-url amqp://guest:guest@rabbit/ --metrics-port 9100",
