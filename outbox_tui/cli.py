@@ -1033,6 +1033,8 @@ def run(inv: Invocation) -> int:
     mode = _mode(inv.args)
     if mode == "console":
         return cmd_console(inv)
+    if mode not in ("dispatch", "dispatch-once") and inv.installed_apps:
+        load_registry(inv.installed_apps)  # unused here, but a wrong name is still an error
     if mode == "dead-letter":
         mode = f"dead-letter {inv.args.dead_letter_command}"
     return asyncio.run(ASYNC_COMMANDS[mode](inv))

@@ -95,6 +95,13 @@ async def ready_url(sqlite_url: str) -> str:
             id="option-of-another-mode",
         ),
         pytest.param(
+            ["stats", "--installed-app", "no_such_app_module"],
+            {},
+            ["cannot import installed app"],
+            2,
+            id="stats-unknown-app",
+        ),
+        pytest.param(
             ["--installed-app", "no_such_app_module"],
             {},
             ["cannot import installed app"],
@@ -115,6 +122,12 @@ def test_one_line_errors(
     result.assert_one_error_line(*fragments, status=status)
     assert result.stdout == ""
     assert ":hunter2@" not in result.output and ":guest@" not in result.output
+
+
+def test_console_refuses_a_missing_database_in_one_line(cli: Cli, tmp_path: Path) -> None:
+    result = cli("--database-url", f"sqlite+aiosqlite:///{tmp_path}/missing.db")
+    result.assert_one_error_line("init-db", status=1)
+    assert not (tmp_path / "missing.db").exists()
 
 
 def test_missing_tables_name_init_db(cli: Cli, tmp_path: Path) -> None:
