@@ -1,0 +1,12 @@
+"""Relays that carry outbox events to a message broker (the dispatcher's external publisher)."""
+
+from engine.relay.cloudevents import encode_cloudevent, to_cloudevent, traceparent_for
+from engine.relay.rabbitmq import BrokerUnavailableError, RabbitMqOutboxPublisher
+
+__all__ = [
+    "BrokerUnavailableError",
+    "RabbitMqOutboxPublisher",
+    "encode_cloudevent",
+    "to_cloudevent",
+    "traceparent_for",
+]

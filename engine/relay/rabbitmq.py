@@ -1,0 +1,395 @@
+"""Relay outbox events to RabbitMQ as CloudEvents, with publisher confirms.
+
+``RabbitMqOutboxPublisher`` is the dispatcher's ``external_publisher``. An
+event counts as published only once the broker confirmed it (``Basic.Ack``);
+an unroutable event (``mandatory``, returned with 312 NO_ROUTE) is *failed*,
+never published.
+
+Batching: first attempts go out together (publishes run concurrently, all
+confirms awaited), which is several times faster than one by one; retries go
+one at a time, so an event that made a batch fail holds back only itself.
+
+Outages: when the broker is unreachable or the connection drops, the events of
+the failing call (the batch of first attempts, or one retry) are failed with
+``broker unavailable: ...`` so the dispatcher's backoff applies, and every
+later call of the round is reported *unattempted*: those rows go back without
+spending an attempt. So an outage spends at most one call's attempts per round,
+and the first call doubles as the probe: first attempts when the round has any,
+else the retry with the most attempts left. Retries close to their limit go last
+and are held back, so an outage does not fill the dead letter. A failed confirm
+may still have reached the broker: delivery is at-least-once and consumers
+dedupe by ``message_id`` (the event id).
+
+Reconnecting is done here, not by ``connect_robust``: a robust channel does not
+wait for the reconnection and failed publishes are not replayed, so every
+``publish()`` simply checks the connection first and reconnects when it broke
+(the dispatcher's rounds pace the attempts). ``publish()`` never raises for
+broker trouble; only ``connect()`` raises ``BrokerUnavailableError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Any, Self
+
+import aio_pika
+from aio_pika.abc import AbstractChannel, AbstractConnection, AbstractExchange
+from aio_pika.connection import Connection, make_url
+from aiormq.abc import DeliveredMessage
+from aiormq.exceptions import (
+    AMQPError,
+    ChannelInvalidStateError,
+    DeliveryError,
+    PublishError,
+)
+from pamqp.commands import Basic
+
+from engine.database import mask_secrets, mask_url
+from engine.dispatcher import ExternalPublishResult
+from engine.envelope import EventEnvelope
+from engine.errors import ConfigurationError, OutboxError
+from engine.relay.cloudevents import (
+    CONTENT_TYPE,
+    DEFAULT_SOURCE_PREFIX,
+    encode_cloudevent,
+    random_span_id,
+    to_cloudevent,
+)
+
+log = logging.getLogger("engine.relay.rabbitmq")
+
+DEFAULT_EXCHANGE = "outbox.events"
+UNAVAILABLE = "broker unavailable"
+
+
+class BrokerUnavailableError(OutboxError):
+    """RabbitMQ cannot be reached (the message names the masked URL)."""
+
+
+class _Outage(Exception):
+    """Internal: the broker went away during a call (carries the error text)."""
+
+
+class _NotConfirmed(Exception):
+    """Internal: the broker answered a publish with something other than an ack."""
+
+
+class RabbitMqOutboxPublisher:
+    """Publishes outbox events to a durable topic exchange, routing key = event type.
+
+    ``url``: ``amqp://`` or ``amqps://`` URL. ``exchange``: topic exchange name,
+    declared durable on connect. ``source_prefix``: CloudEvents ``source`` prefix
+    (``<prefix>/<aggregate_type>``; also the AMQP ``app_id``). ``confirm_timeout``:
+    seconds to wait for a publisher confirm before the call counts as an outage.
+    ``connect_timeout``: seconds for connecting, opening the channel and declaring
+    the exchange. ``quiet_driver_logs``: demote aiormq's connection-loss ERROR
+    tracebacks to one DEBUG line on this module's logger.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        exchange: str = DEFAULT_EXCHANGE,
+        source_prefix: str = DEFAULT_SOURCE_PREFIX,
+        confirm_timeout: float = 10.0,
+        connect_timeout: float = 10.0,
+        quiet_driver_logs: bool = True,
+        new_span_id: Callable[[], str] = random_span_id,
+    ) -> None:
+        if not url.startswith(("amqp://", "amqps://")):
+            raise ConfigurationError(
+                f"RabbitMQ URL must start with amqp:// or amqps://, got {mask_url(url)!r}"
+            )
+        if not exchange:
+            raise ConfigurationError("the RabbitMQ exchange name must not be empty")
+        try:
+            _ = make_url(url).port  # parsed now: a bad URL is a configuration error, not an outage
+        except ValueError as exc:
+            raise ConfigurationError(f"invalid RabbitMQ URL {mask_url(url)!r}: {exc}") from None
+        if confirm_timeout <= 0 or connect_timeout <= 0:
+            raise ConfigurationError("confirm_timeout and connect_timeout must be > 0")
+        self.url = url
+        self.exchange_name = exchange
+        self.source_prefix = source_prefix
+        self.confirm_timeout = confirm_timeout
+        self.connect_timeout = connect_timeout
+        self._new_span_id = new_span_id
+        self._quiet = quiet_driver_logs
+        self._connection: AbstractConnection | None = None
+        self._channel: AbstractChannel | None = None
+        self._exchange: AbstractExchange | None = None
+        self._broken = False
+        self._closed = False
+        self._outage: str | None = None  # set while the broker is known to be away
+        self._lock = asyncio.Lock()
+        self._closing: set[asyncio.Task[None]] = set()
+
+    @property
+    def masked_url(self) -> str:
+        return mask_url(self.url)
+
+    @property
+    def is_connected(self) -> bool:
+        """True when the last known state of the channel is usable."""
+        return self._exchange is not None and not self._broken and not self._channel_closed()
+
+    async def __aenter__(self) -> Self:
+        await self.connect()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def connect(self) -> None:
+        """Connect, open a confirming channel and declare the exchange.
+
+        Raises ``BrokerUnavailableError`` (URL masked) when the broker cannot
+        be reached; a no-op when already connected.
+        """
+        self._closed = False
+        async with self._lock:
+            await self._ensure_connected()
+
+    async def close(self) -> None:
+        """Close the connection; ``publish()`` raises until ``connect()`` is called again."""
+        self._closed = True
+        async with self._lock:
+            await self._drop_connection(wait=True)
+        if self._closing:
+            await asyncio.gather(*self._closing)
+
+    async def publish(self, envelopes: Sequence[EventEnvelope]) -> ExternalPublishResult:
+        """Publish and await the confirms; see the module docstring for the outcomes."""
+        if self._closed:
+            raise OutboxError("the RabbitMQ publisher is closed: call connect() first")
+        result = ExternalPublishResult()
+        firsts = [e for e in envelopes if e.attempt_count <= 1]
+        # The first call doubles as the probe of a dead broker: retries with the most
+        # attempts left go first, so an outage spends attempts where they are cheapest.
+        retries = sorted(
+            (e for e in envelopes if e.attempt_count > 1),
+            key=lambda e: e.max_attempts - e.attempt_count,
+            reverse=True,
+        )
+        calls = ([firsts] if firsts else []) + [[e] for e in retries]
+        for index, call in enumerate(calls):
+            try:
+                await self._publish_call(call, result)
+            except _Outage as outage:
+                error = str(outage)
+                for envelope in call:
+                    if envelope.event_id not in result.published:
+                        result.failed.setdefault(envelope.event_id, error)
+                left = [e.event_id for rest in calls[index + 1 :] for e in rest]
+                result.unattempted.update(left)
+                failed = sum(e.event_id in result.failed for e in call)
+                self._report_outage(error, failed, len(left))
+                break
+        return result
+
+    # -- one call -------------------------------------------------------------------------
+
+    async def _publish_call(self, call: list[EventEnvelope], result: ExternalPublishResult) -> None:
+        """Publish ``call`` concurrently; raise ``_Outage`` if the broker went away."""
+        try:
+            async with self._lock:
+                exchange = await self._ensure_connected()
+        except BrokerUnavailableError as exc:
+            raise _Outage(f"{UNAVAILABLE}: {exc}") from None
+        outcomes = await asyncio.gather(
+            *(self._publish_one(exchange, e) for e in call), return_exceptions=True
+        )
+        outage: str | None = None
+        for envelope, outcome in zip(call, outcomes, strict=True):
+            if outcome is None:
+                result.published.add(envelope.event_id)
+                continue
+            error, is_outage = self._describe(outcome, envelope)
+            result.failed[envelope.event_id] = error
+            if is_outage and outage is None:
+                outage = error
+        if outage is not None:
+            self._broken = True
+            raise _Outage(outage)
+
+    async def _publish_one(self, exchange: AbstractExchange, envelope: EventEnvelope) -> None:
+        """Publish one event; returns when confirmed, raises otherwise."""
+        event = to_cloudevent(
+            envelope, source_prefix=self.source_prefix, new_span_id=self._new_span_id
+        )
+        message = aio_pika.Message(
+            encode_cloudevent(event),
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            message_id=envelope.event_id,
+            content_type=CONTENT_TYPE,
+            timestamp=envelope.created_at,
+            type=envelope.event_type,
+            app_id=event["source"],
+        )
+        confirmation = await exchange.publish(
+            message,
+            routing_key=envelope.event_type,
+            mandatory=True,
+            timeout=self.confirm_timeout,
+        )
+        if isinstance(confirmation, DeliveredMessage):  # returned although on_return_raises
+            raise PublishError(confirmation, confirmation.delivery)
+        if not isinstance(confirmation, Basic.Ack):
+            raise _NotConfirmed(f"not confirmed by the broker ({confirmation!r})")
+
+    def _describe(self, exc: BaseException, envelope: EventEnvelope) -> tuple[str, bool]:
+        """The error text for a failed publish and whether it means an outage."""
+        if isinstance(exc, PublishError):
+            delivery = exc.message.delivery if exc.message is not None else None
+            code = getattr(delivery, "reply_code", 312)
+            text = getattr(delivery, "reply_text", "NO_ROUTE")
+            return (
+                f"unroutable: no queue bound for routing key {envelope.event_type} on "
+                f"exchange {self.exchange_name} ({code} {text})",
+                False,
+            )
+        if isinstance(exc, DeliveryError):
+            frame = getattr(exc.frame, "name", type(exc.frame).__name__)
+            return f"rejected by the broker ({frame})", False
+        if isinstance(exc, _NotConfirmed):
+            return str(exc), False
+        if isinstance(exc, TimeoutError):
+            return (
+                f"{UNAVAILABLE}: no publisher confirm within {self.confirm_timeout:g} s",
+                True,
+            )
+        if isinstance(exc, AMQPError | ChannelInvalidStateError | OSError | asyncio.CancelledError):
+            return f"{UNAVAILABLE}: {self._detail(exc)}", True
+        return f"cannot publish: {self._detail(exc)}", False
+
+    # -- connection -------------------------------------------------------------------------
+
+    async def _ensure_connected(self) -> AbstractExchange:
+        """The live exchange, reconnecting when the connection broke (caller holds the lock)."""
+        if self._exchange is not None and not self._broken and not self._channel_closed():
+            return self._exchange
+        await self._drop_connection(wait=False)
+        if self._quiet:
+            _quiet_driver_logs()
+        # Built by hand rather than with aio_pika.connect(), so that a failed attempt can be
+        # closed here (otherwise its __del__ leaves an un-awaited close() coroutine behind).
+        connection: AbstractConnection = Connection(make_url(self.url))
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                await connection.connect(timeout=self.connect_timeout)
+                channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+                exchange = await channel.declare_exchange(
+                    self.exchange_name, aio_pika.ExchangeType.TOPIC, durable=True
+                )
+        except Exception as exc:  # any failure here means "not connected", never a crash
+            await _close_quietly(connection)
+            raise BrokerUnavailableError(
+                f"cannot reach RabbitMQ at {self.masked_url}: {self._detail(exc)}"
+            ) from None
+        connection.close_callbacks.add(self._on_connection_closed)
+        channel.close_callbacks.add(self._on_channel_closed)
+        self._connection, self._channel, self._exchange = connection, channel, exchange
+        self._broken = False
+        if self._outage is not None:
+            log.info("RabbitMQ at %s is back; publishing again", self.masked_url)
+            self._outage = None
+        else:
+            log.debug("connected to RabbitMQ at %s", self.masked_url)
+        return exchange
+
+    async def _drop_connection(self, *, wait: bool) -> None:
+        """Forget the connection and close it; in the background unless ``wait``.
+
+        A broken connection can take long to close (a broker that stopped reading
+        under a resource alarm), which must not delay the reconnect.
+        """
+        connection = self._connection
+        self._connection = self._channel = self._exchange = None
+        self._broken = False
+        if connection is None:
+            return
+        connection.close_callbacks.discard(self._on_connection_closed)
+        if wait:
+            await _close_quietly(connection)
+        else:
+            task = asyncio.create_task(_close_quietly(connection))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    def _channel_closed(self) -> bool:
+        return self._channel is None or self._channel.is_closed
+
+    def _on_connection_closed(self, sender: Any, exc: BaseException | None = None) -> None:
+        if sender is self._connection:
+            self._broken = True
+
+    def _on_channel_closed(self, sender: Any, exc: BaseException | None = None) -> None:
+        if sender is self._channel:
+            self._broken = True
+
+    def _detail(self, exc: BaseException) -> str:
+        text = str(exc).strip() or repr(exc)
+        return mask_secrets(f"{type(exc).__name__}: {text}", self.url)
+
+    def _report_outage(self, error: str, failed: int, left: int) -> None:
+        """Warn once per outage (the dispatcher may retry every second); then DEBUG."""
+        level = logging.DEBUG if self._outage is not None else logging.WARNING
+        self._outage = error
+        log.log(
+            level,
+            "%s; %d event(s) failed (retried with backoff), %d handed back unattempted",
+            error,
+            failed,
+            left,
+        )
+
+
+async def _close_quietly(connection: AbstractConnection) -> None:
+    """Close a connection that may already be dead, without raising."""
+    try:
+        async with asyncio.timeout(2.0):
+            await connection.close()
+    except Exception as exc:  # best effort: the connection is being thrown away
+        log.debug("closing the RabbitMQ connection: %s", type(exc).__name__)
+
+
+_DRIVER_NOISE = (
+    "Unexpected connection close from remote",
+    "Cancelling cause reader exited abnormally",
+    "error when creating transport",
+)
+
+
+class _DriverNoiseFilter(logging.Filter):
+    """Turns aiormq's connection-loss ERROR tracebacks into one DEBUG line of ours.
+
+    The relay already reports an outage once, as a WARNING with the failed and
+    handed-back counts; aiormq's tracebacks repeat that on every reconnect try.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        message = record.getMessage()
+        if not any(marker in message for marker in _DRIVER_NOISE):
+            return True
+        log.debug("aiormq: %s", mask_secrets(message.splitlines()[0]))
+        return False
+
+
+_NOISE_FILTER = _DriverNoiseFilter()
+
+
+def _quiet_driver_logs() -> None:
+    logger = logging.getLogger("aiormq.connection")
+    if _NOISE_FILTER not in logger.filters:
+        logger.addFilter(_NOISE_FILTER)

@@ -1,0 +1,357 @@
+"""The RabbitMQ relay against the real broker and the real databases.
+
+Broker tests are marked ``rabbitmq`` and fail (never skip) without OUTBOX_TEST_AMQP_URL; the
+outage tests also need OUTBOX_TEST_RMQCTL (``rabbitmqctl`` for that broker).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import socket
+import time
+from collections import Counter
+from datetime import UTC, datetime
+
+import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from engine import BackoffPolicy, DispatchResult, EventEnvelope, OutboxDispatcher, OutboxError
+from engine.clock import uuid7
+from engine.context import TaskContext
+from engine.database import mask_url
+from engine.dispatcher import ExternalPublishResult
+from engine.errors import ConfigurationError
+from engine.relay import BrokerUnavailableError, RabbitMqOutboxPublisher
+from engine.relay.cloudevents import rfc3339
+from tests.engine.conftest import rows
+
+from .conftest import TRACE, BrokerControl, Topology, add_events
+
+ONE_SECOND = BackoffPolicy(kind="fixed", base_seconds=1, max_seconds=1)
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def envelope(attempt: int = 1, max_attempts: int = 10, event_type: str = "orders.placed"):
+    return EventEnvelope(
+        event_id=uuid7(),
+        tenant_id="acme",
+        event_type=event_type,
+        event_version=1,
+        aggregate_type="order",
+        aggregate_id="o-1",
+        payload={"order_id": "o-1", "amount": 1},
+        created_at=datetime.now(UTC),
+        attempt_count=attempt,
+        max_attempts=max_attempts,
+    )
+
+
+def statuses(stored: list[dict[str, object]]) -> Counter[object]:
+    return Counter(r["status"] for r in stored)
+
+
+# -- without a broker ---------------------------------------------------------------------------
+
+
+def test_configuration_is_checked() -> None:
+    with pytest.raises(ConfigurationError, match="amqp://"):
+        RabbitMqOutboxPublisher("http://user:pw@host/")
+    with pytest.raises(ConfigurationError, match="invalid RabbitMQ URL 'amqp://u:\\*\\*\\*@h:x/'"):
+        RabbitMqOutboxPublisher("amqp://u:pw@h:x/")
+    with pytest.raises(ConfigurationError, match="confirm_timeout"):
+        RabbitMqOutboxPublisher("amqp://h/", confirm_timeout=0)
+
+
+async def test_connect_to_an_unreachable_broker_raises_a_masked_engine_error(caplog) -> None:
+    caplog.set_level(logging.DEBUG)
+    port = closed_port()
+    publisher = RabbitMqOutboxPublisher(f"amqp://relay:s3cr3t-pw@127.0.0.1:{port}/")
+    with pytest.raises(BrokerUnavailableError) as info:
+        await publisher.connect()
+    assert isinstance(info.value, OutboxError)
+    message = str(info.value)
+    assert message.startswith(f"cannot reach RabbitMQ at amqp://relay:***@127.0.0.1:{port}/: ")
+    assert "Connect call failed" in message
+    assert "s3cr3t" not in message and "s3cr3t" not in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # aiormq noise kept out
+    await publisher.close()
+
+
+async def test_publish_never_raises_for_an_unreachable_broker(caplog) -> None:
+    caplog.set_level(logging.DEBUG)
+    publisher = RabbitMqOutboxPublisher(f"amqp://relay:s3cr3t-pw@127.0.0.1:{closed_port()}/")
+    firsts = [envelope(), envelope()]
+    last_try = envelope(attempt=3, max_attempts=3)
+    budget = envelope(attempt=2, max_attempts=10)
+    result = await publisher.publish([*firsts, last_try, budget])  # never connected: lazy
+    assert result.published == set()
+    assert set(result.failed) == {e.event_id for e in firsts}  # the failing call: the batch
+    assert all(err.startswith("broker unavailable: cannot reach") for err in result.failed.values())
+    assert result.unattempted == {last_try.event_id, budget.event_id}
+
+    # Retries only: the probe is the retry with the most attempts left, never the last try.
+    result = await publisher.publish([last_try, budget])
+    assert set(result.failed) == {budget.event_id}
+    assert result.unattempted == {last_try.event_id}
+
+    warnings = [r for r in caplog.records if r.name == "engine.relay.rabbitmq"]
+    assert [r.levelno for r in warnings if r.levelno >= logging.WARNING] == [logging.WARNING]
+    assert "s3cr3t" not in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    await publisher.close()
+    with pytest.raises(OutboxError, match="closed"):
+        await publisher.publish(firsts)
+
+
+# -- with the broker ----------------------------------------------------------------------------
+
+
+class Observed:
+    """Wraps the relay to look at the rows and the queue the moment its confirms are in."""
+
+    def __init__(self, inner: RabbitMqOutboxPublisher, db: AsyncEngine, topo: Topology) -> None:
+        self.inner, self.db, self.topo = inner, db, topo
+        self.at_return: tuple[Counter[object], int] | None = None
+
+    async def publish(self, envelopes):
+        result = await self.inner.publish(envelopes)
+        self.at_return = (statuses(await rows(self.db)), await self.topo.message_count())
+        return result
+
+
+@pytest.mark.rabbitmq
+async def test_dispatch_publishes_confirmed_cloudevents(db, registry, clock, topology, relay):
+    await topology.bind()
+    placed = await add_events(db, registry, 3)
+    plain_trace = TaskContext(tenant_id="globex", actor_id="u", request_id="r", trace_id="t-1")
+    cancelled = await add_events(
+        db, registry, 1, event_type="orders.cancelled", prefix="c", context=plain_trace
+    )
+    observed = Observed(relay, db, topology)
+    dispatcher = OutboxDispatcher(db, registry, clock=clock, external_publisher=observed)
+
+    assert await dispatcher.dispatch_once() == DispatchResult(claimed=4, published=4)
+    # When the relay returned, every message was confirmed (already in the durable queue)
+    # and no row said published yet: the dispatcher records it only after the confirms.
+    assert observed.at_return == (Counter({"publishing": 4}), 4)
+    stored = {r["id"]: r for r in await rows(db)}
+    assert statuses(list(stored.values())) == Counter({"published": 4})
+
+    received = await topology.drain(set(stored))
+    assert sorted(m.message_id for m in received) == sorted(stored)
+    for message in received:
+        row = stored[message.message_id]
+        is_placed = row["id"] in placed
+        created = row["created_at"]
+        assert isinstance(created, datetime)
+        assert message.exchange == topology.exchange
+        assert message.routing_key == row["event_type"] == message.type
+        assert message.delivery_mode == 2  # persistent
+        assert message.content_type == "application/cloudevents+json"
+        assert message.app_id == "/shop/order"
+        assert message.timestamp.replace(tzinfo=UTC) == created.replace(microsecond=0)
+        event = message.body
+        traceparent = event.pop("traceparent", None)
+        assert event == {
+            "specversion": "1.0",
+            "id": row["id"],
+            "source": "/shop/order",
+            "type": row["event_type"],
+            "subject": f"order/{row['aggregate_id']}",
+            "time": rfc3339(created),
+            "datacontenttype": "application/json",
+            "tenantid": "acme" if is_placed else "globex",
+            "eventversion": 1,
+            "aggregatetype": "order",
+            "aggregateid": row["aggregate_id"],
+            "traceid": TRACE if is_placed else "t-1",
+            "data": row["payload"],
+        }
+        if is_placed:
+            assert traceparent is not None
+            assert re.fullmatch(rf"00-{TRACE}-[0-9a-f]{{16}}-01", traceparent)
+        else:
+            assert traceparent is None  # "t-1" is no W3C trace id
+    assert {m.message_id for m in received if m.type == "orders.cancelled"} == set(cancelled)
+
+
+@pytest.mark.rabbitmq
+async def test_unroutable_events_fail_and_are_never_published(db, registry, clock, topology, relay):
+    await topology.bind("orders.placed")  # nothing is bound for orders.cancelled
+    [routed] = await add_events(db, registry, 1)
+    [lost] = await add_events(db, registry, 1, event_type="orders.cancelled", prefix="c")
+    dispatcher = OutboxDispatcher(
+        db, registry, clock=clock, external_publisher=relay, backoff=ONE_SECOND
+    )
+    assert await dispatcher.dispatch_once() == DispatchResult(claimed=2, published=1, failed=1)
+    stored = {r["id"]: r for r in await rows(db)}
+    assert stored[routed]["status"] == "published"
+    assert stored[lost]["status"] == "failed" and stored[lost]["published_at"] is None
+    assert stored[lost]["last_error"] == (
+        "unroutable: no queue bound for routing key orders.cancelled on exchange "
+        f"{topology.exchange} (312 NO_ROUTE)"
+    )
+    clock.advance(1)  # the retry goes alone, and is still refused
+    assert await dispatcher.dispatch_once() == DispatchResult(claimed=1, failed=1)
+    again = {r["id"]: r for r in await rows(db)}[lost]
+    assert again["attempt_count"] == 2 and again["last_error"].startswith("unroutable:")
+    assert relay.is_connected  # a return is no outage: the channel stays up
+    assert [m.message_id for m in await topology.drain({routed})] == [routed]
+
+
+@pytest.mark.rabbitmq
+async def test_broker_outage_mid_run_loses_nothing_and_drains_after_restart(
+    db, registry, clock, topology, broker: BrokerControl, relay, caplog
+):
+    caplog.set_level(logging.INFO)
+    await topology.bind()
+    ids = await add_events(db, registry, 300, max_attempts=3)
+    dispatcher = OutboxDispatcher(
+        db, registry, clock=clock, batch_size=20, external_publisher=relay, backoff=ONE_SECOND
+    )
+    assert await dispatcher.dispatch_once() == DispatchResult(claimed=20, published=20)
+
+    # Mid-run: a resource alarm holds the confirms of the next round, and the broker stops
+    # while they are outstanding. The round's events fail; none is published or dead.
+    await broker.block_publishers()
+    in_flight = asyncio.create_task(dispatcher.dispatch_once())
+    await asyncio.sleep(0.3)
+    assert not in_flight.done(), "the round should be waiting for its confirms"
+    await broker.stop()
+    assert await in_flight == DispatchResult(claimed=20, failed=20)
+    in_flight_errors = {r["last_error"] for r in await rows(db) if r["id"] in ids[20:40]}
+    assert all(  # lost on an open connection, e.g. ConnectionClosed 320 CONNECTION_FORCED
+        e.startswith("broker unavailable: ") and "cannot reach" not in e for e in in_flight_errors
+    ), in_flight_errors
+
+    # Down: the first attempts of a round fail together (backoff starts) ...
+    assert await dispatcher.dispatch_once() == DispatchResult(claimed=20, failed=20)
+    # ... and once retries are due, one probe fails and the other 19 go back untouched.
+    clock.advance(1)
+    assert await dispatcher.dispatch_once() == DispatchResult(claimed=20, failed=1)
+    stored = await rows(db)
+    assert statuses(stored) == Counter({"published": 20, "failed": 40, "pending": 240})
+    assert max(int(r["attempt_count"]) for r in stored) == 2  # max_attempts is 3
+    errors = {r["last_error"] for r in stored if r["status"] == "failed"}
+    assert all(e.startswith("broker unavailable: ") for e in errors), errors
+
+    await broker.start()
+    await broker.unblock_publishers()
+    drain = OutboxDispatcher(
+        db, registry, clock=clock, batch_size=500, external_publisher=relay, backoff=ONE_SECOND
+    )
+    deadline = time.monotonic() + 30
+    while statuses(await rows(db))["published"] < len(ids):
+        assert time.monotonic() < deadline, statuses(await rows(db))
+        clock.advance(1)
+        assert (await drain.dispatch_once()).dead_lettered == 0
+
+    assert statuses(await rows(db)) == Counter({"published": len(ids)})
+    received = await topology.drain(set(ids), wait_seconds=30)
+    assert {m.message_id for m in received} == set(ids)  # nothing lost; duplicates allowed
+    assert all(m.delivery_mode == 2 for m in received)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # aiormq noise
+
+
+@pytest.mark.rabbitmq
+async def test_a_confirm_timeout_fails_the_call_and_the_relay_recovers(
+    amqp_url, topology, broker: BrokerControl
+):
+    await topology.bind()
+    first, retry = envelope(), envelope(attempt=2)
+    async with RabbitMqOutboxPublisher(
+        amqp_url, exchange=topology.exchange, confirm_timeout=0.5
+    ) as relay:
+        await broker.block_publishers()  # the broker stops reading: no confirm comes
+        started = time.monotonic()
+        result = await relay.publish([first, retry])
+        assert 0.5 <= time.monotonic() - started < 3
+        assert result.failed == {
+            first.event_id: "broker unavailable: no publisher confirm within 0.5 s"
+        }
+        assert result.unattempted == {retry.event_id}
+        assert not relay.is_connected
+
+        await broker.unblock_publishers()
+        result = await relay.publish([first, retry])
+        assert result == ExternalPublishResult(published={first.event_id, retry.event_id})
+    received = await topology.drain({first.event_id, retry.event_id})
+    # The timed-out message may still arrive once the alarm clears: at-least-once.
+    assert {m.message_id for m in received} == {first.event_id, retry.event_id}
+
+
+@pytest.mark.rabbitmq
+async def test_an_outage_holds_back_retries_instead_of_dead_lettering_them(
+    db, registry, clock, topology, broker: BrokerControl, relay
+):
+    await topology.bind()
+    await broker.stop()
+    last_chance = await add_events(db, registry, 4, max_attempts=2, prefix="a")
+    roomy = await add_events(db, registry, 2, max_attempts=5, prefix="c")
+    dispatcher = OutboxDispatcher(
+        db, registry, clock=clock, external_publisher=relay, backoff=ONE_SECOND
+    )
+
+    # Round 1: only first attempts; they are the failing call.
+    assert await dispatcher.dispatch_once() == DispatchResult(claimed=6, failed=6)
+    clock.advance(1)
+    fresh = await add_events(db, registry, 3, max_attempts=2, prefix="b")
+    # Round 2: 6 retries (4 at their last attempt) + 3 first attempts. The first attempts fail;
+    # the retries go back unattempted. A relay failing everything would dead-letter 4 here.
+    assert await dispatcher.dispatch_once() == DispatchResult(claimed=9, failed=3)
+    # Round 3: retries only. The probe is the retry with the most attempts left.
+    assert await dispatcher.dispatch_once() == DispatchResult(claimed=6, failed=1)
+    stored = {r["id"]: r for r in await rows(db)}
+    assert [stored[i]["attempt_count"] for i in last_chance] == [1, 1, 1, 1]
+    assert [stored[i]["attempt_count"] for i in roomy] == [2, 1]
+    assert [stored[i]["attempt_count"] for i in fresh] == [1, 1, 1]
+    assert statuses(list(stored.values())) == Counter({"failed": 9})
+    assert stored[roomy[0]]["last_error"].startswith(
+        f"broker unavailable: cannot reach RabbitMQ at {mask_url(topology.url)}: "
+    )
+
+    await broker.start()
+    clock.advance(1)
+    # The same relay object reconnects by itself.
+    assert await dispatcher.dispatch_once() == DispatchResult(claimed=9, published=9)
+    ids = {*last_chance, *roomy, *fresh}
+    assert {m.message_id for m in await topology.drain(ids)} == ids
+
+
+@pytest.mark.rabbitmq
+async def test_the_same_publisher_reconnects_after_the_broker_returns(
+    topology, broker: BrokerControl, relay, caplog
+):
+    caplog.set_level(logging.DEBUG)
+    await topology.bind()
+    before, during, retry = envelope(), envelope(), envelope(attempt=2)
+    assert await relay.publish([before]) == ExternalPublishResult(published={before.event_id})
+
+    await broker.stop()
+    result = await relay.publish([during, retry])  # does not raise
+    assert result.published == set()
+    assert list(result.failed) == [during.event_id]
+    assert result.failed[during.event_id].startswith("broker unavailable: ")
+    assert result.unattempted == {retry.event_id}
+    assert not relay.is_connected
+
+    await broker.start()
+    result = await relay.publish([during, retry])
+    assert result == ExternalPublishResult(published={during.event_id, retry.event_id})
+    assert relay.is_connected
+    ids = {before.event_id, during.event_id, retry.event_id}
+    assert ids <= {m.message_id for m in await topology.drain(ids)}
+
+    ours = [r for r in caplog.records if r.name == "engine.relay.rabbitmq"]
+    notable = [r for r in ours if r.levelno >= logging.INFO]
+    assert [r.levelname for r in notable] == ["WARNING", "INFO"]  # once per outage
+    assert notable[0].getMessage().startswith("broker unavailable: ")
+    assert notable[1].getMessage().endswith("is back; publishing again")
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # aiormq noise
