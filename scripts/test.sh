@@ -71,6 +71,11 @@ if [ ${#need[@]} -gt 0 ]; then
     rmq_port=$(free_port 10000 2768 20000)
     OUTBOX_TEST_AMQP_URL=$(rmq_up "$rmq_dir" "$rmq_port")
     export OUTBOX_TEST_AMQP_URL
+    # rabbitmqctl for this broker: the relay's outage tests stop_app/start_app through it.
+    printf '#!/usr/bin/env bash\n. %q\nrmq_ctl %q %q "$@"\n' \
+      "$PWD/scripts/services.sh" "$rmq_dir" "$rmq_port" >"$tmp/rmqctl"
+    chmod 700 "$tmp/rmqctl"
+    export OUTBOX_TEST_RMQCTL=$tmp/rmqctl
     started+=("RabbitMQ amqp://guest:***@127.0.0.1:$rmq_port/ ($rmq_dir)")
   fi
   if [ -n "$pg_job" ]; then
