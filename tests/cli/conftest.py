@@ -28,6 +28,8 @@ from examples.orders.traffic import generate_orders
 from outbox_tui.apps import load_registry
 
 APP = "examples.orders"
+# For behaviour of the CLI itself rather than of a backend: one backend is enough.
+sqlite_only = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 ERROR_PREFIX = "outbox-tui: error: "
 
 

@@ -14,7 +14,7 @@ from engine import create_engine
 from engine.insights import EventFilter, OutboxInsights
 from engine.schema import DEAD_LETTER, PUBLISHED, replay_log
 from outbox_tui.cli import main
-from tests.cli.conftest import APP, Cli, status_counts
+from tests.cli.conftest import APP, Cli, sqlite_only, status_counts
 
 STATS_KEYS = {
     "database_url",
@@ -122,6 +122,7 @@ async def test_dispatch_once_with_the_example_app(cli: Cli, orders_url: str) -> 
     assert "claimed" in text.stdout and "published" in text.stdout
 
 
+@sqlite_only
 async def test_stats_after_work(cli: Cli, dead_letters_url: str) -> None:
     result = cli("stats", "--json", env={"OUTBOX_DATABASE_URL": dead_letters_url})
     assert result.returncode == 0, result
@@ -239,6 +240,7 @@ async def test_replay_safeguards_dry_run_and_audit(cli: Cli, dead_letters_url: s
     assert operators == {getpass.getuser()}
 
 
+@sqlite_only
 async def test_replay_dry_run_by_id_reports_what_would_be_refused(
     cli: Cli, dead_letters_url: str
 ) -> None:

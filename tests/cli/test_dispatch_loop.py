@@ -14,7 +14,7 @@ import pytest
 
 from engine import create_engine
 from engine.insights import HeartbeatView, OutboxInsights
-from tests.cli.conftest import APP, Cli, read_json_lines, status_counts
+from tests.cli.conftest import APP, Cli, read_json_lines, sqlite_only, status_counts
 
 RUN_KEYS = {
     "event",
@@ -133,6 +133,7 @@ async def test_sigterm_finishes_the_batch_and_exits_zero(cli: Cli, orders_url: s
     assert hb.total("claimed") == summary["claimed"]
 
 
+@sqlite_only
 async def test_dispatch_without_json_prints_a_summary(cli: Cli, orders_url: str) -> None:
     result = cli(
         "--dispatch",
@@ -148,7 +149,7 @@ async def test_dispatch_without_json_prints_a_summary(cli: Cli, orders_url: str)
 
 
 @pytest.mark.rabbitmq
-@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+@sqlite_only
 async def test_dispatch_once_relays_to_rabbitmq(cli: Cli, orders_url: str, amqp_url: str) -> None:
     exchange_name = f"cli-test-{uuid.uuid4().hex}"
     connection = await aio_pika.connect(amqp_url, timeout=10)
