@@ -1,0 +1,210 @@
+"""The console application and ``make_app``, the one factory the CLI, tests and screenshots use."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import aiosqlite
+from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.pool import NullPool
+from textual import work
+from textual.app import App
+from textual.binding import Binding
+
+from engine.clock import Clock, utc_now
+from engine.database import (
+    SQLITE_BUSY_TIMEOUT_SECONDS,
+    create_engine,
+    mask_url,
+    parse_database_url,
+)
+from engine.insights import OutboxInsights
+from engine.registry import EventRegistry
+from engine.replay import default_operator
+from outbox_tui.apps import load_registry
+from outbox_tui.dispatch_control import DispatchControl
+from outbox_tui.screens.help import HelpScreen
+from outbox_tui.screens.main import MainScreen
+from outbox_tui.widgets.overview import AgeThresholds
+
+PG_CONNECT_TIMEOUT_SECONDS = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class ConsoleConfig:
+    """What the console was asked to show and how often."""
+
+    database_url: str
+    installed_apps: tuple[str, ...] = ()
+    amqp_url: str | None = None
+    exchange: str | None = None
+    refresh_seconds: float = 1.0
+    page_size: int = 100
+    autostart_dispatch: bool = False
+    stale_after_seconds: float = 30.0
+    recent_window_seconds: float = 300.0
+    poll_timeout_seconds: float = 10.0
+    pending_age: AgeThresholds = field(default_factory=AgeThresholds)
+
+
+class BackgroundTraffic(Protocol):
+    """Something the console runs beside itself (the demo's order generator)."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+def console_engine(database_url: str) -> AsyncEngine:
+    """The console's own engine: it must notice when the database goes away.
+
+    SQLite: no pool (a pooled connection keeps reading a file that was moved or
+    deleted) and ``mode=rw`` (a missing file is an error, never a new empty
+    database). PostgreSQL: a short connect timeout, so an unreachable server is
+    reported in seconds, not minutes.
+    """
+    url = parse_database_url(database_url)
+    if url.get_backend_name() == "sqlite":
+        uri = Path(url.database or "").absolute().as_uri() + "?mode=rw"
+
+        async def connect() -> aiosqlite.Connection:
+            return await aiosqlite.connect(uri, uri=True, timeout=SQLITE_BUSY_TIMEOUT_SECONDS)
+
+        return create_engine(url, poolclass=NullPool, async_creator=connect)
+    return create_engine(
+        url, connect_args={"timeout": PG_CONNECT_TIMEOUT_SECONDS}, pool_size=2, max_overflow=2
+    )
+
+
+class OutboxConsole(App[int]):
+    """The operations console. Owns the services; ``MainScreen`` owns the views."""
+
+    CSS_PATH = "styles.tcss"
+    TITLE = "outbox-tui"
+    BINDINGS = [  # noqa: RUF012 - Textual's declaration style
+        Binding("q", "quit", "Quit", id="quit"),
+        Binding("question_mark", "help", "Help", id="help"),
+    ]
+
+    def __init__(
+        self,
+        config: ConsoleConfig,
+        *,
+        engine: AsyncEngine,
+        insights: OutboxInsights,
+        dispatch: DispatchControl,
+        registry: EventRegistry,
+        clock: Clock,
+        traffic: BackgroundTraffic | None = None,
+        operator: str | None = None,
+        display_url: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.engine = engine
+        self.insights = insights
+        self.dispatch = dispatch
+        self.registry = registry
+        self.clock = clock
+        self.traffic = traffic
+        self.operator = operator or default_operator()
+        self.display_url = display_url or mask_url(config.database_url)
+        self._closing = False
+
+    @property
+    def main(self) -> MainScreen:
+        return self._main
+
+    def get_default_screen(self) -> MainScreen:
+        self._main = MainScreen()
+        return self._main
+
+    async def on_mount(self) -> None:
+        if self.traffic is not None:
+            await self.traffic.start()
+        if self.config.autostart_dispatch:
+            self.main.action_start_dispatch()
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    async def action_quit(self) -> None:
+        if self.dispatch.running and not self._closing:
+            self._closing = True
+            self.notify("Stopping the in-process dispatcher (its batch finishes first)…")
+            self.main.dispatch_state = "stopping"
+            self._stop_then_exit()
+            return
+        self.exit(0)
+
+    @work(group="quit", exit_on_error=False)
+    async def _stop_then_exit(self) -> None:
+        try:
+            await self.dispatch.stop()
+        finally:
+            self.exit(0)
+
+    async def on_unmount(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.dispatch.stop()
+        if self.traffic is not None:
+            with contextlib.suppress(Exception):
+                await self.traffic.stop()
+        await self.engine.dispose()
+
+
+def make_app(
+    config: ConsoleConfig,
+    *,
+    registry: EventRegistry | None = None,
+    clock: Clock | None = None,
+    dispatch_settings: Any = None,
+    traffic: BackgroundTraffic | None = None,
+    instance_id: str | None = None,
+    operator: str | None = None,
+    display_url: str | None = None,
+) -> OutboxConsole:
+    """Build the console; nothing connects until it runs.
+
+    ``registry`` defaults to the ``installed_apps`` of ``config``; ``dispatch_settings``
+    to ``load_settings().dispatcher`` (environment), which also gives the retention
+    window behind "awaiting purge". ``clock`` is injected for deterministic screenshots.
+    """
+    registry = registry if registry is not None else load_registry(config.installed_apps)
+    if dispatch_settings is None:
+        from engine.settings import load_settings
+
+        dispatch_settings = load_settings().dispatcher
+    retention = getattr(dispatch_settings, "retention_seconds", None)
+    clock = clock or utc_now
+    engine = console_engine(config.database_url)
+    insights = OutboxInsights(
+        engine,
+        clock=clock,
+        recent_window_seconds=config.recent_window_seconds,
+        stale_after_seconds=config.stale_after_seconds,
+        retention_seconds=retention,
+    )
+    dispatch = DispatchControl(
+        config.database_url,
+        registry,
+        amqp_url=config.amqp_url,
+        exchange=config.exchange,
+        settings=dispatch_settings,
+        instance_id=instance_id,
+    )
+    return OutboxConsole(
+        config,
+        engine=engine,
+        insights=insights,
+        dispatch=dispatch,
+        registry=registry,
+        clock=clock,
+        traffic=traffic,
+        operator=operator,
+        display_url=display_url,
+    )

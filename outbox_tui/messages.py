@@ -1,0 +1,88 @@
+"""The typed messages workers post; widgets change only in the handlers of these.
+
+Every database call of the console runs in a worker. A worker never touches a
+widget: it posts one of these messages and the screen's ``@on`` handler
+updates the widgets on the UI side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from textual.message import Message
+
+from engine.insights import EventDetail, EventFilter, EventPage, OverviewSnapshot
+
+
+class PollSucceeded(Message):
+    """One refresh answered: the overview and the page the current view shows."""
+
+    def __init__(self, snapshot: OverviewSnapshot, page: EventPage, generation: int) -> None:
+        super().__init__()
+        self.snapshot = snapshot
+        self.page = page
+        self.generation = generation  # which view state asked (stale answers are dropped)
+
+
+class PollFailed(Message):
+    """A refresh failed: the database is unreachable, the schema went away, a timeout."""
+
+    def __init__(self, error: str) -> None:
+        super().__init__()
+        self.error = error
+
+
+class DetailLoaded(Message):
+    """The detail of one event (or why it could not be read)."""
+
+    def __init__(self, event_id: str, detail: EventDetail | None, error: str | None) -> None:
+        super().__init__()
+        self.event_id = event_id
+        self.detail = detail
+        self.error = error
+
+
+class ReplayPrepared(Message):
+    """What a replay would touch, counted before the operator confirms it."""
+
+    def __init__(
+        self,
+        flt: EventFilter | None,
+        event_ids: tuple[str, ...],
+        total: int,
+        by_type: Mapping[str, int],
+    ) -> None:
+        super().__init__()
+        self.filter = flt  # None: exactly ``event_ids``; else every dead letter it matches
+        self.event_ids = event_ids
+        self.total = total
+        self.by_type = by_type
+
+
+class ReplayFinished(Message):
+    """A confirmed replay ran: how many went back to pending, and what was refused."""
+
+    def __init__(self, replayed: int, refused: Mapping[str, str], error: str | None = None) -> None:
+        super().__init__()
+        self.replayed = replayed
+        self.refused = refused
+        self.error = error
+
+
+class DispatchChanged(Message):
+    """The in-process dispatcher started, stopped, or failed to do either."""
+
+    def __init__(self, running: bool, *, note: str = "", error: str | None = None) -> None:
+        super().__init__()
+        self.running = running
+        self.note = note
+        self.error = error
+
+
+class ActionFailed(Message):
+    """A user action's worker failed with an engine error (shown as a toast)."""
+
+    def __init__(self, what: str, error: str) -> None:
+        super().__init__()
+        self.what = what
+        self.error = error

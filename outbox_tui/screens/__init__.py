@@ -1,0 +1,1 @@
+"""The console's screens: the main view and its modal dialogs (confirm, filter, help)."""

@@ -1,0 +1,86 @@
+"""The one confirmation dialog every destructive action goes through (replay, stop)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rich.console import RenderableType
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, Static
+
+
+@dataclass(frozen=True, slots=True)
+class Confirmation:
+    """The operator said yes; ``reason`` is what they typed (None when left empty)."""
+
+    reason: str | None = None
+
+
+class ConfirmModal(ModalScreen[Confirmation | None]):
+    """Dismisses with a ``Confirmation`` on ``y`` or the confirm button, None otherwise.
+
+    The focus starts on Cancel, so a stray ``enter`` changes nothing. ``tab`` reaches
+    the optional reason field; ``enter`` there moves to the confirm button rather than
+    confirming, so only ``y`` or the button ever proceeds.
+    """
+
+    BINDINGS = [  # noqa: RUF012 - Textual's declaration style
+        Binding("y", "confirm", "Confirm", id="confirm"),
+        Binding("n", "cancel", "Cancel", id="cancel"),
+        Binding("escape", "cancel", "Cancel", show=False),
+    ]
+
+    def __init__(
+        self,
+        title: str,
+        body: RenderableType,
+        *,
+        confirm_label: str,
+        ask_reason: bool = False,
+        reason_placeholder: str = "why (kept in the replay audit log)",
+    ) -> None:
+        super().__init__(classes="dialog-screen")
+        self.title_text = title
+        self.body = body
+        self.confirm_label = confirm_label
+        self.ask_reason = ask_reason
+        self.reason_placeholder = reason_placeholder
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="confirm-dialog", classes="dialog"):
+            yield Label(self.title_text, id="confirm-title", classes="dialog-title")
+            yield Static(self.body, id="confirm-body")
+            if self.ask_reason:
+                yield Label("Reason (optional)", classes="field-label")
+                yield Input(placeholder=self.reason_placeholder, id="reason", max_length=500)
+            with Horizontal(classes="dialog-buttons"):
+                yield Button(f"{self.confirm_label}  [y]", id="confirm", variant="error")
+                yield Button("Cancel  [n]", id="cancel", variant="default")
+
+    def on_mount(self) -> None:
+        self.query_one("#cancel", Button).focus()
+
+    def action_confirm(self) -> None:
+        reason = ""
+        if self.ask_reason:
+            reason = self.query_one("#reason", Input).value.strip()
+        self.dismiss(Confirmation(reason or None))
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+    @on(Button.Pressed, "#confirm")
+    def _confirm_pressed(self) -> None:
+        self.action_confirm()
+
+    @on(Button.Pressed, "#cancel")
+    def _cancel_pressed(self) -> None:
+        self.action_cancel()
+
+    @on(Input.Submitted, "#reason")
+    def _reason_done(self) -> None:
+        self.query_one("#confirm", Button).focus()

@@ -1,0 +1,146 @@
+"""``/``: narrow the event list by status, event type, tenant and aggregate id."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.suggester import SuggestFromList
+from textual.widgets import Button, Input, Label, Static
+
+from engine.insights import EventFilter
+from engine.schema import DEAD_LETTER, STATUSES
+
+_ALIASES = {"dead": DEAD_LETTER, "deadletter": DEAD_LETTER, "dlq": DEAD_LETTER}
+
+
+def parse_statuses(text: str) -> tuple[str, ...]:
+    """``"pending, dead letter"`` → ``("pending", "dead_letter")``; ValueError names a typo."""
+    found: list[str] = []
+    for word in re.split(r"[,\s]+", text.strip().lower().replace("dead letter", "dead_letter")):
+        if not word:
+            continue
+        status = _ALIASES.get(word.replace("-", "").replace("_", ""), word.replace("-", "_"))
+        if status not in STATUSES:
+            raise ValueError(f"unknown status {word!r}: use {', '.join(STATUSES)}")
+        if status not in found:
+            found.append(status)
+    return tuple(found)
+
+
+class FilterModal(ModalScreen[EventFilter | None]):
+    """Dismisses with the new filter (``enter`` / Apply) or None (escape)."""
+
+    BINDINGS = [  # noqa: RUF012 - Textual's declaration style
+        Binding("escape", "cancel", "Cancel"),
+        Binding("ctrl+l", "clear", "Clear all"),
+    ]
+
+    def __init__(
+        self,
+        current: EventFilter,
+        *,
+        dead_letters_only: bool,
+        event_types: Sequence[str] = (),
+        tenants: Sequence[str] = (),
+    ) -> None:
+        super().__init__(classes="dialog-screen")
+        self.current = current
+        self.dead_letters_only = dead_letters_only
+        self.event_types = sorted(set(event_types))
+        self.tenants = sorted(set(tenants))
+
+    def compose(self) -> ComposeResult:
+        flt = self.current
+        with Vertical(id="filter-dialog", classes="dialog"):
+            title = "Filter dead letters" if self.dead_letters_only else "Filter events"
+            yield Label(title, classes="dialog-title")
+            yield Label("Status (comma separated)", classes="field-label")
+            status = Input(
+                value="dead_letter" if self.dead_letters_only else ", ".join(flt.statuses),
+                placeholder=", ".join(STATUSES),
+                suggester=SuggestFromList(STATUSES, case_sensitive=False),
+                id="filter-status",
+                disabled=self.dead_letters_only,
+            )
+            yield status
+            yield Label("Event type", classes="field-label")
+            yield Input(
+                value=flt.event_type or "",
+                placeholder="any, e.g. "
+                + (self.event_types[0] if self.event_types else "orders.placed"),
+                suggester=SuggestFromList(self.event_types, case_sensitive=True),
+                id="filter-type",
+            )
+            yield Label("Tenant", classes="field-label")
+            yield Input(
+                value=flt.tenant_id or "",
+                placeholder="any",
+                suggester=SuggestFromList(self.tenants, case_sensitive=True),
+                id="filter-tenant",
+            )
+            yield Label("Aggregate id", classes="field-label")
+            yield Input(value=flt.aggregate_id or "", placeholder="any", id="filter-aggregate")
+            yield Static("", id="filter-error")
+            with Horizontal(classes="dialog-buttons"):
+                yield Button("Apply  [enter]", id="apply", variant="primary")
+                yield Button("Clear all  [ctrl+l]", id="clear")
+                yield Button("Cancel  [esc]", id="cancel")
+
+    def on_mount(self) -> None:
+        first = "#filter-type" if self.dead_letters_only else "#filter-status"
+        self.query_one(first, Input).focus()
+
+    def _value(self, selector: str) -> str | None:
+        return self.query_one(selector, Input).value.strip() or None
+
+    def action_apply(self) -> None:
+        try:
+            statuses = (
+                (DEAD_LETTER,)
+                if self.dead_letters_only
+                else parse_statuses(self.query_one("#filter-status", Input).value)
+            )
+        except ValueError as exc:
+            self.query_one("#filter-error", Static).update(str(exc))
+            self.query_one("#filter-status", Input).focus()
+            return
+        self.dismiss(
+            EventFilter(
+                statuses=statuses,
+                event_type=self._value("#filter-type"),
+                tenant_id=self._value("#filter-tenant"),
+                aggregate_id=self._value("#filter-aggregate"),
+            )
+        )
+
+    def action_clear(self) -> None:
+        for field in ("#filter-type", "#filter-tenant", "#filter-aggregate"):
+            self.query_one(field, Input).value = ""
+        if not self.dead_letters_only:
+            self.query_one("#filter-status", Input).value = ""
+        self.query_one("#filter-error", Static).update("")
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+    @on(Input.Submitted)
+    def _submitted(self) -> None:
+        self.action_apply()
+
+    @on(Button.Pressed, "#apply")
+    def _apply_pressed(self) -> None:
+        self.action_apply()
+
+    @on(Button.Pressed, "#clear")
+    def _clear_pressed(self) -> None:
+        self.action_clear()
+
+    @on(Button.Pressed, "#cancel")
+    def _cancel_pressed(self) -> None:
+        self.action_cancel()

@@ -1,0 +1,1 @@
+"""The console's widgets: header, overview, dispatchers, event table and detail."""

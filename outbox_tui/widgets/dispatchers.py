@@ -1,0 +1,70 @@
+"""Every heartbeat row: who dispatches, from where, when last seen, and how much."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import DataTable, Static
+
+from engine.insights import HeartbeatView
+from outbox_tui.widgets.format import HEARTBEAT_STYLES, count, duration
+
+COLUMNS = (
+    ("instance", "instance"),
+    ("where", "host:pid"),
+    ("state", "state"),
+    ("seen", "last seen"),
+    ("up", "up for"),
+    ("iterations", "rounds"),
+    ("claimed", "claimed"),
+    ("published", "published"),
+    ("failed", "failed"),
+    ("dead", "dead letter"),
+)
+
+MAX_ROWS = 5
+
+
+class DispatchersPanel(Vertical):
+    """A small table of ``process_heartbeats``; an explanation when there is none."""
+
+    def compose(self) -> ComposeResult:
+        table: DataTable[Text | str] = DataTable(
+            id="dispatcher-table", cursor_type="none", zebra_stripes=False
+        )
+        table.can_focus = False
+        for key, label in COLUMNS:
+            table.add_column(label, key=key)
+        yield table
+        yield Static(
+            "No dispatcher has written a heartbeat yet. Run `outbox-tui --dispatch` "
+            "or press s to start one here.",
+            id="no-dispatchers",
+        )
+
+    def show(self, heartbeats: Sequence[HeartbeatView]) -> None:
+        alive = sum(1 for hb in heartbeats if hb.state == "alive")
+        self.border_title = f"Dispatchers · {alive} alive of {len(heartbeats)}"
+        table = self.query_one(DataTable)
+        table.clear()
+        for hb in heartbeats:
+            up = (hb.last_seen_at - hb.started_at).total_seconds()
+            table.add_row(
+                hb.instance_id,
+                f"{hb.host}:{hb.pid}",
+                Text(hb.state, style=HEARTBEAT_STYLES.get(hb.state, "")),
+                f"{duration(hb.last_seen_age_seconds)} ago",
+                duration(up),
+                count(hb.iterations),
+                count(hb.total("claimed")),
+                count(hb.total("published")),
+                count(hb.total("failed")),
+                count(hb.total("dead_lettered")),
+                key=hb.instance_id,
+            )
+        # An explicit height: an auto-height table does not regrow when rows arrive later.
+        table.styles.height = min(len(heartbeats), MAX_ROWS) + 1
+        self.set_class(not heartbeats, "-empty")

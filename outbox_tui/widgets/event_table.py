@@ -1,0 +1,135 @@
+"""The event list: one page of a keyset query, newest first, cursor kept across refreshes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from rich.text import Text
+from textual.binding import Binding
+from textual.widgets import DataTable
+
+from engine.insights import EventSummary
+from outbox_tui.widgets.format import (
+    MUTED_STYLE,
+    age,
+    one_line,
+    relative,
+    short_id,
+    status_text,
+)
+
+# The columns an operator scans first come first, so they stay visible beside the detail.
+EVENT_COLUMNS = (
+    ("id", "id"),
+    ("status", "status"),
+    ("type", "type"),
+    ("attempts", "tries"),
+    ("age", "age"),
+    ("retry", "next retry"),
+    ("tenant", "tenant"),
+    ("aggregate", "aggregate"),
+    ("error", "last error"),
+)
+DEAD_LETTER_COLUMNS = (
+    ("id", "id"),
+    ("type", "type"),
+    ("attempts", "tries"),
+    ("age", "age"),
+    ("replays", "replays"),
+    ("tenant", "tenant"),
+    ("aggregate", "aggregate"),
+    ("reason", "dead-letter reason"),
+)
+
+
+class EventTable(DataTable[Text | str]):
+    """Rows keyed by event id; ``enter`` asks for the detail of the highlighted one."""
+
+    BINDINGS = [  # noqa: RUF012 - Textual's declaration style
+        Binding("enter", "select_cursor", "Detail", id="detail"),
+        # DataTable's home only scrolls; here it also returns to the newest page.
+        Binding("home", "screen.first_page", "Newest", show=False),
+    ]
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)  # type: ignore[arg-type]
+        self.mode = ""
+        self._events: dict[str, EventSummary] = {}
+
+    @property
+    def events(self) -> list[EventSummary]:
+        return list(self._events.values())
+
+    @property
+    def highlighted(self) -> EventSummary | None:
+        if not self._events or self.cursor_row < 0 or self.cursor_row >= self.row_count:
+            return None
+        key = self.coordinate_to_cell_key((self.cursor_row, 0)).row_key.value
+        return self._events.get(key or "")
+
+    def show(self, mode: str, events: Sequence[EventSummary], now: datetime) -> None:
+        """Replace the rows, keeping the cursor on the same event when it is still listed."""
+        current = self.highlighted
+        keep = current.id if current else None
+        row_before, offset = self.cursor_row, self.cursor_row - round(self.scroll_y)
+        if mode != self.mode:
+            self.clear(columns=True)
+            for key, label in DEAD_LETTER_COLUMNS if mode == "dead_letters" else EVENT_COLUMNS:
+                self.add_column(label, key=key)
+            self.mode = mode
+            keep, row_before, offset = None, 0, 0
+        elif [e.id for e in events] == list(self._events):
+            # The same rows (a refresh of an unchanged page): update cells in place, no jump.
+            self._events = {e.id: e for e in events}
+            keys = [c.key for c in self.ordered_columns]
+            for event in events:
+                for column, value in zip(keys, self._cells(event, now), strict=True):
+                    self.update_cell(event.id, column, value)
+            return
+        else:
+            self.clear()
+        self._events = {e.id: e for e in events}
+        for event in events:
+            self.add_row(*self._cells(event, now), key=event.id)
+        if not events:
+            return
+        ids = list(self._events)
+        row = ids.index(keep) if keep in ids else min(max(row_before, 0), len(ids) - 1)
+        self.move_cursor(row=row, animate=False, scroll=False)
+        # Keep the highlighted event where it was on screen, as far as the rows allow.
+        target = max(0, row - max(0, offset))
+        self.call_after_refresh(self.scroll_to, y=target, animate=False, immediate=True)
+
+    def _cells(self, e: EventSummary, now: datetime) -> list[Text | str]:
+        kind = f"{e.event_type} v{e.event_version}"
+        aggregate = one_line(f"{e.aggregate_type}:{e.aggregate_id}", 26)
+        attempts = f"{e.attempt_count}/{e.max_attempts}"
+        if self.mode == "dead_letters":
+            return [
+                Text(short_id(e.id), style=MUTED_STYLE),
+                kind,
+                attempts,
+                age(e.created_at, now),
+                str(e.replay_count) if e.replay_count else "—",
+                e.tenant_id,
+                aggregate,
+                one_line(e.dead_letter_reason, 80),
+            ]
+        retry: Text | str = "—"
+        if e.status == "failed" and e.next_retry_at is not None:
+            if e.next_retry_at > now:
+                retry = relative(e.next_retry_at, now)
+            else:  # due, and nobody has picked it up: worth a colour
+                retry = Text(f"due {age(e.next_retry_at, now)} ago", style="#ffaf5f")
+        return [
+            Text(short_id(e.id), style=MUTED_STYLE),
+            status_text(e.status),
+            kind,
+            attempts,
+            age(e.created_at, now),
+            retry,
+            e.tenant_id,
+            aggregate,
+            Text(one_line(e.last_error, 60), style=MUTED_STYLE),
+        ]

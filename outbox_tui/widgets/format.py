@@ -1,0 +1,81 @@
+"""Small, pure formatting helpers shared by the widgets (ages, counts, statuses)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from rich.text import Text
+
+# Rich styles: cells and detail sections are Rich renderables (no Textual variables).
+RICH_STATUS_STYLES = {
+    "pending": "bold #5fafff",
+    "publishing": "bold #d7afff",
+    "published": "#87d787",
+    "failed": "bold #ffaf5f",
+    "dead_letter": "bold #ff5f5f",
+}
+HEARTBEAT_STYLES = {"alive": "bold #87d787", "stale": "bold #ffaf5f", "stopped": "#8a8a8a"}
+STATUS_LABELS = {"dead_letter": "dead letter"}
+
+
+def status_text(status: str) -> Text:
+    return Text(STATUS_LABELS.get(status, status), style=RICH_STATUS_STYLES.get(status, ""))
+
+
+def duration(seconds: float | None) -> str:
+    """``42s``, ``4m 12s``, ``3h 05m``, ``2d 4h``; an em dash for None."""
+    if seconds is None:
+        return "—"
+    seconds = max(0, int(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, secs = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m {secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours}h {minutes:02d}m"
+    days, hours = divmod(hours, 24)
+    return f"{days}d {hours}h"
+
+
+def age(moment: datetime | None, now: datetime) -> str:
+    if moment is None:
+        return "—"
+    return duration((now - moment).total_seconds())
+
+
+def relative(moment: datetime | None, now: datetime) -> str:
+    """``in 12s`` for the future, ``5s ago`` for the past, an em dash for None."""
+    if moment is None:
+        return "—"
+    delta = (moment - now).total_seconds()
+    if delta >= 0.5:
+        return f"in {duration(delta)}"
+    return f"{duration(-delta)} ago"
+
+
+def timestamp(moment: datetime | None) -> str:
+    if moment is None:
+        return "—"
+    return moment.strftime("%Y-%m-%d %H:%M:%S") + "Z"
+
+
+def count(value: int | None) -> str:
+    return "—" if value is None else f"{value:,}"
+
+
+def short_id(event_id: str) -> str:
+    """The tail of a UUIDv7: the head is a timestamp shared by neighbours."""
+    return "…" + event_id[-12:] if len(event_id) > 13 else event_id
+
+
+def one_line(value: Any, width: int | None = None) -> str:
+    text = " ".join(str(value).split()) if value is not None else ""
+    if width is not None and len(text) > width:
+        return text[: max(0, width - 1)] + "…"
+    return text
+
+
+MUTED_STYLE = "#8a8a8a"

@@ -1,0 +1,102 @@
+"""Console fixtures: a database filled by the example app, the app factory, and waiting helpers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+from textual.pilot import Pilot
+
+from engine import OutboxDispatcher, create_engine, create_schema
+from engine.insights import OutboxInsights
+from engine.registry import EventRegistry
+from engine.settings import DispatcherSettings
+from examples.orders import create_tables
+from examples.orders.traffic import generate_orders
+from outbox_tui.app import ConsoleConfig, OutboxConsole, make_app
+from outbox_tui.apps import load_registry
+
+SIZE = (160, 45)
+# A dispatcher that reacts in tens of milliseconds and keeps every published row.
+FAST_DISPATCH = DispatcherSettings(
+    idle_sleep_seconds=0.05,
+    heartbeat_seconds=0.2,
+    heartbeat_min_interval_seconds=0,
+    backoff_base_seconds=0,
+    retention_seconds=None,
+    housekeeping_seconds=60,
+)
+
+
+@pytest.fixture
+def orders_registry() -> EventRegistry:
+    return load_registry(["examples.orders"])
+
+
+async def seed(url: str, registry: EventRegistry, *, orders: int = 24, rounds: int = 1) -> None:
+    """Schema, example tables, ``orders`` orders, then ``rounds`` dispatch rounds."""
+    engine = create_engine(url)
+    try:
+        await create_schema(engine)
+        await create_tables(engine)
+        await generate_orders(engine, registry, orders, seed=7)
+        dispatcher = OutboxDispatcher(engine, registry, batch_size=100)
+        for _ in range(rounds):
+            await dispatcher.dispatch_once()
+    finally:
+        await engine.dispose()
+
+
+@pytest.fixture
+async def seeded_url(database_url: str, orders_registry: EventRegistry) -> str:
+    """Any backend, holding pending, failed, published and dead-letter events."""
+    await seed(database_url, orders_registry)
+    return database_url
+
+
+def console(
+    url: str, registry: EventRegistry, *, refresh_seconds: float = 30.0, **config: object
+) -> OutboxConsole:
+    """The real app from the real factory; polls only when asked unless ``refresh_seconds``."""
+    return make_app(
+        ConsoleConfig(url, refresh_seconds=refresh_seconds, **config),  # type: ignore[arg-type]
+        registry=registry,
+        dispatch_settings=FAST_DISPATCH,
+        instance_id="console:test",
+        operator="tester",
+    )
+
+
+async def until(
+    pilot: Pilot[object], predicate: Callable[[], object], what: str, seconds: float = 5.0
+) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {seconds}s waiting for {what}")
+        await pilot.pause(0.02)
+
+
+async def started(pilot: Pilot[object]) -> OutboxConsole:
+    app: OutboxConsole = pilot.app  # type: ignore[assignment]
+    await until(pilot, lambda: app.main.refreshes > 0, "the first refresh")
+    return app
+
+
+async def refreshed(pilot: Pilot[object]) -> None:
+    """Poll now and wait until the answer is on screen."""
+    app: OutboxConsole = pilot.app  # type: ignore[assignment]
+    before = app.main.refreshes
+    app.main.poll_now()
+    await until(pilot, lambda: app.main.refreshes > before, "a refresh")
+
+
+async def counts(url: str) -> dict[str, int]:
+    """The outbox counts as the engine sees them (for assertions after an action)."""
+    engine = create_engine(url)
+    try:
+        return dict((await OutboxInsights(engine).overview()).counts)
+    finally:
+        await engine.dispose()

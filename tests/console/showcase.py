@@ -1,0 +1,182 @@
+"""A deterministic outbox for snapshot tests and ``scripts/screenshots.py``.
+
+The example orders app fills it (``generate_orders`` with a fixed seed) and a
+dispatcher with a fixed clock works through part of it, so every state shows:
+pending, failed with a retry time, dead letters (one replayed, with a reason),
+published with handler runs and side effects, one row stuck in publishing
+with an expired lease, and three dispatchers (alive, stale, stopped).
+
+Determinism: event ids (UUIDv7) and order ids (UUIDv4) come from seeded
+generators while the data is written, creation times are set from the fixed
+clock afterwards, and the console gets the same clock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
+from unittest import mock
+
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from engine import BackoffPolicy, OutboxDispatcher, create_engine, create_schema, replay_dead_letter
+from engine.heartbeat import Heartbeat
+from engine.registry import EventRegistry
+from engine.schema import DEAD_LETTER, outbox_events
+from engine.settings import DispatcherSettings
+from engine.store import claim_batch
+from examples.orders import create_tables
+from examples.orders.traffic import generate_orders
+from outbox_tui.app import ConsoleConfig, OutboxConsole, make_app
+from outbox_tui.apps import load_registry
+
+T0 = datetime(2026, 3, 14, 9, 0, tzinfo=UTC)
+NOW = T0 + timedelta(minutes=15)
+SHOWCASE_URL = "sqlite+aiosqlite:///./showcase.db"  # relative: the header shows no tmp path
+SIZE = (160, 45)
+
+
+class FixedClock:
+    """A clock that moves only when told to."""
+
+    def __init__(self, now: datetime = NOW) -> None:
+        self.now = now
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+@contextlib.contextmanager
+def seeded_ids(seed: int = 20260314) -> Iterator[None]:
+    """Event ids and order ids from a seeded generator, in the shape of the real ones."""
+    rng = random.Random(seed)
+    millis = int(T0.timestamp() * 1000)
+
+    def event_id() -> str:
+        nonlocal millis
+        millis += 37
+        value = (millis << 80) | (0x7 << 76) | (rng.getrandbits(12) << 64)
+        value |= (0b10 << 62) | rng.getrandbits(62)
+        return str(uuid.UUID(int=value))
+
+    def order_id() -> uuid.UUID:
+        return uuid.UUID(int=rng.getrandbits(128), version=4)
+
+    with (
+        mock.patch("engine.publisher.uuid7", event_id),
+        mock.patch("examples.orders.app.uuid", SimpleNamespace(uuid4=order_id)),
+    ):
+        yield
+
+
+def registry() -> EventRegistry:
+    return load_registry(["examples.orders"])
+
+
+async def build_showcase(database_url: str, clock: FixedClock | None = None) -> None:
+    """Create and fill the showcase database (it must not exist yet)."""
+    clock = clock or FixedClock()
+    reg = registry()
+    engine = create_engine(database_url)
+    try:
+        await create_schema(engine)
+        await create_tables(engine)
+        with seeded_ids():
+            await generate_orders(engine, reg, 36, seed=7, cancel_every=5)
+        await _date_events(engine)
+        clock.now = NOW - timedelta(minutes=4)
+        worker = OutboxDispatcher(
+            engine,
+            reg,
+            dispatcher_id="orders-worker-1",
+            batch_size=12,
+            backoff=BackoffPolicy(base_seconds=120, max_seconds=900),
+            clock=clock,
+        )
+        await worker.dispatch_once()
+        clock.advance(40)
+        await worker.dispatch_once()
+        clock.advance(40)
+        await worker.dispatch_once()
+        clock.advance(30)
+        await _replay_one(engine, clock)
+        clock.advance(20)
+        async with engine.begin() as conn:  # a dispatcher that died holding one row
+            await claim_batch(
+                conn,
+                dispatcher_id="orders-worker-2",
+                batch_size=1,
+                lease=timedelta(seconds=30),
+                now=clock(),
+            )
+        clock.now = NOW
+        await _heartbeats(engine, clock)
+    finally:
+        await engine.dispose()
+
+
+async def _date_events(engine: AsyncEngine) -> None:
+    async with engine.begin() as conn:
+        ids = (await conn.execute(select(outbox_events.c.id).order_by(outbox_events.c.id))).all()
+        for index, (event_id,) in enumerate(ids):
+            await conn.execute(
+                update(outbox_events)
+                .where(outbox_events.c.id == event_id)
+                .values(created_at=T0 + timedelta(seconds=20 * index))
+            )
+
+
+async def _replay_one(engine: AsyncEngine, clock: FixedClock) -> None:
+    async with engine.connect() as conn:
+        first = (
+            await conn.execute(
+                select(outbox_events.c.id)
+                .where(outbox_events.c.status == DEAD_LETTER)
+                .order_by(outbox_events.c.id)
+                .limit(1)
+            )
+        ).scalar_one()
+    await replay_dead_letter(
+        engine, [first], operator="alice", reason="credit limit raised (INC-4211)", now=clock()
+    )
+    worker = OutboxDispatcher(
+        engine, registry(), dispatcher_id="orders-worker-1", batch_size=1, clock=clock
+    )
+    await worker.dispatch_once()  # still over the limit: dead-lettered again
+
+
+async def _heartbeats(engine: AsyncEngine, clock: FixedClock) -> None:
+    rows = (
+        ("orders-worker-1", "orders-1", 4242, -2, 1.0, {"published": 31, "failed": 6}),
+        ("orders-worker-2", "orders-2", 5150, -185, 1.0, {"published": 12, "claimed": 13}),
+        ("orders-worker-0", "orders-1", 3121, -3600, 0.0, {"published": 480}),
+    )
+    for instance_id, host, pid, seen, running, totals in rows:
+        beat_clock = FixedClock(clock() + timedelta(seconds=seen))
+        heartbeat = Heartbeat(engine, instance_id, clock=beat_clock, host=host, pid=pid)
+        heartbeat.started_at = clock() - timedelta(hours=2)
+        details = {"iterations": 1200 + pid % 97, "totals": {"claimed": 0, **totals}}
+        if running:
+            await heartbeat.beat(details, force=True)
+        else:
+            await heartbeat.stop(details)
+
+
+def showcase_app(clock: FixedClock | None = None, **config: object) -> OutboxConsole:
+    """The console on the showcase database, polling only when asked."""
+    return make_app(
+        ConsoleConfig(SHOWCASE_URL, refresh_seconds=3600, **config),  # type: ignore[arg-type]
+        registry=registry(),
+        clock=clock or FixedClock(),
+        dispatch_settings=DispatcherSettings(retention_seconds=300),
+        instance_id="console:showcase",
+        operator="alice",
+    )

@@ -1,0 +1,176 @@
+"""Views, keyset paging, the detail pane, help and the command palette, from the keyboard."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from engine import create_engine
+from engine.insights import EventFilter, OutboxInsights
+from outbox_tui.screens.help import HelpScreen
+from outbox_tui.widgets.event_detail import EventDetailPane, render_detail
+from outbox_tui.widgets.event_table import EventTable
+from outbox_tui.widgets.overview import CountTile
+
+from .conftest import SIZE, console, refreshed, started, until
+
+
+def table_ids(app) -> list[str]:
+    return [e.id for e in app.main.query_one(EventTable).events]
+
+
+async def expected_ids(url: str, flt: EventFilter | None = None, **kw) -> list[str]:
+    engine = create_engine(url)
+    try:
+        page = await OutboxInsights(engine).events_page(flt, **kw)
+        return [e.id for e in page.events]
+    finally:
+        await engine.dispose()
+
+
+async def test_overview_and_views_switch_with_e_and_d(seeded_url, orders_registry):
+    app = console(seeded_url, orders_registry)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot)
+        snap = app.main.last_snapshot
+        assert snap is not None and snap.counts["dead_letter"] > 0
+        tile = app.main.query_one("#tile-dead_letter", CountTile)
+        assert str(snap.counts["dead_letter"]) in str(tile.render())
+        assert table_ids(app) == await expected_ids(seeded_url, limit=100)
+
+        await pilot.press("d")
+        await until(pilot, lambda: app.main.query_one(EventTable).mode == "dead_letters", "d")
+        dead = await expected_ids(seeded_url, EventFilter(statuses=("dead_letter",)), limit=100)
+        assert table_ids(app) == dead
+        assert all(e.status == "dead_letter" for e in app.main.query_one(EventTable).events)
+
+        await pilot.press("e")
+        await until(pilot, lambda: app.main.query_one(EventTable).mode == "events", "e")
+        assert len(table_ids(app)) == sum(snap.counts.values())
+
+
+async def test_keyset_pages_with_brackets(seeded_url, orders_registry):
+    app = console(seeded_url, orders_registry, page_size=10)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot)
+        first = table_ids(app)
+        assert first == await expected_ids(seeded_url, limit=10)
+        await pilot.press("left_square_bracket")  # no newer page: nothing happens
+        await pilot.press("right_square_bracket")
+        await until(pilot, lambda: table_ids(app) != first, "the older page")
+        second = table_ids(app)
+        assert second == await expected_ids(seeded_url, limit=10, before=first[-1])
+        assert app.main.view.page_number == 2
+        await pilot.press("right_square_bracket")
+        await until(pilot, lambda: app.main.view.page_number == 3, "the third page")
+        await pilot.press("left_square_bracket")
+        await until(pilot, lambda: table_ids(app) == second, "back to page 2")
+        await pilot.press("home")
+        await until(pilot, lambda: table_ids(app) == first, "back to the newest page")
+
+
+async def test_enter_opens_detail_that_follows_the_cursor(seeded_url, orders_registry):
+    app = console(seeded_url, orders_registry)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot)
+        pane = app.main.query_one(EventDetailPane)
+        table = app.main.query_one(EventTable)
+        assert not pane.display or not app.main.detail_open
+        await pilot.press("enter")
+        first = table.highlighted.id
+        await until(pilot, lambda: pane.event_id == first, "the detail of the first row")
+        assert pane.region.width > 0
+        await pilot.press("down")
+        second = table.highlighted.id
+        await until(pilot, lambda: pane.event_id == second, "the detail to follow the cursor")
+        await pilot.press("escape")
+        assert not app.main.detail_open and pane.region.width == 0
+
+
+async def test_dead_letter_detail_shows_reason_payload_and_handler_runs(
+    seeded_url, orders_registry
+):
+    app = console(seeded_url, orders_registry)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot)
+        await pilot.press("d")
+        await until(pilot, lambda: app.main.query_one(EventTable).mode == "dead_letters", "d")
+        await pilot.press("enter")
+        pane = app.main.query_one(EventDetailPane)
+        event = app.main.query_one(EventTable).highlighted
+        await until(pilot, lambda: pane.event_id == event.id, "the detail")
+        detail = await app.insights.event_detail(event.id)
+        out = Console(width=100, record=True, file=io.StringIO())
+        out.print(render_detail(detail, app.clock()))
+        text = out.export_text()
+        for expected in (
+            event.id,
+            "dead-letter reason",
+            "exceeds the credit limit",
+            '"amount"',
+            "orders.reserve_stock",
+            "claim version",
+            "locked until",
+            "trace id",
+        ):
+            assert expected in text, expected
+
+
+async def test_refresh_picks_up_new_rows_and_keeps_the_cursor(seeded_url, orders_registry):
+    from examples.orders.traffic import generate_orders
+
+    app = console(seeded_url, orders_registry)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot)
+        await pilot.press("down", "down")
+        table = app.main.query_one(EventTable)
+        kept = table.highlighted.id
+        engine = create_engine(seeded_url)
+        try:
+            await generate_orders(engine, orders_registry, 2, seed=99, cancel_every=0)
+        finally:
+            await engine.dispose()
+        total_before = len(table_ids(app))
+        await refreshed(pilot)
+        assert len(table_ids(app)) == total_before + 2
+        assert table.highlighted.id == kept
+
+
+async def test_help_screen_and_command_palette(seeded_url, orders_registry):
+    app = console(seeded_url, orders_registry)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot)
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape")
+        assert app.screen is app.main
+
+        await pilot.press("ctrl+p")
+        await until(pilot, lambda: app.screen is not app.main, "the palette")
+        await pilot.press(*"dead")
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await until(pilot, lambda: app.main.mode == "dead_letters", "the palette command")
+
+
+async def test_polling_pauses_while_a_dialog_is_open(seeded_url, orders_registry):
+    app = console(seeded_url, orders_registry, refresh_seconds=0.15)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot)
+        await until(pilot, lambda: app.main.refreshes >= 2, "timed refreshes")
+        await pilot.press("question_mark")
+        paused_at = app.main.refreshes
+        await pilot.pause(0.5)
+        assert app.main.refreshes <= paused_at + 1  # at most the poll already in flight
+        await pilot.press("escape")
+        await until(pilot, lambda: app.main.refreshes > paused_at + 1, "polling to resume")
+
+
+async def test_q_quits(seeded_url, orders_registry):
+    app = console(seeded_url, orders_registry)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot)
+        await pilot.press("q")
+        await until(pilot, lambda: app.return_code is not None, "the app to exit")
+    assert app.return_code == 0
