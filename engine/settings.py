@@ -67,7 +67,7 @@ class DispatcherSettings(BaseModel):
     wakeup: Literal["auto", "off"] = "auto"
     wakeup_channel: Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_]{0,62}$")] = "outbox_events"
     # Producers: at most one wake-up notification per process per this many milliseconds.
-    notify_interval_ms: Annotated[float, Field(ge=0, le=60_000)] = 50.0
+    notify_interval_ms: Annotated[float, Field(ge=0, le=60_000)] = 100.0
     # Longest gap between heartbeats while idle, and the shortest while busy (0 = every round).
     heartbeat_seconds: Seconds = 5.0
     heartbeat_min_interval_seconds: Annotated[float, Field(ge=0, le=_HOUR)] = 1.0

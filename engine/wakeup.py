@@ -40,9 +40,10 @@ from sqlalchemy.orm import Session
 
 from engine.database import mask_secrets
 from engine.publisher import SESSION_EVENTS_WRITTEN
+from engine.settings import DispatcherSettings
 
 DEFAULT_CHANNEL = "outbox_events"
-DEFAULT_INTERVAL_MS = 50.0
+DEFAULT_INTERVAL_MS = 100.0
 
 log = logging.getLogger("engine.wakeup")
 
@@ -230,6 +231,15 @@ def enable_commit_notifications(
     notifier = CommitNotifier(engine, channel=channel, interval_ms=interval_ms)
     notifier.install()
     return notifier
+
+
+def commit_notifier_for(engine: AsyncEngine, settings: DispatcherSettings) -> CommitNotifier | None:
+    """The producer side of wake-up as ``settings`` say, installed; None on SQLite or ``off``."""
+    if settings.wakeup == "off" or engine.dialect.name != "postgresql":
+        return None
+    return enable_commit_notifications(
+        engine, channel=settings.wakeup_channel, interval_ms=settings.notify_interval_ms
+    )
 
 
 async def _discard(conn: AsyncConnection) -> None:

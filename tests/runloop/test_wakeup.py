@@ -147,3 +147,19 @@ async def test_a_broken_listener_reconnects(pg):
         await asyncio.wait_for(listener.event.wait(), timeout=5)
     finally:
         await listener.close()
+
+
+async def test_the_producer_side_follows_the_settings(pg, sqlite_url):
+    from engine.wakeup import commit_notifier_for
+
+    notifier = commit_notifier_for(pg, fast(notify_interval_ms=250, wakeup_channel="orders_wake"))
+    try:
+        assert notifier.interval == 0.25 and notifier.channel == "orders_wake"
+    finally:
+        await notifier.aclose()
+    assert commit_notifier_for(pg, fast(wakeup="off")) is None
+    sqlite = create_engine(sqlite_url)
+    try:
+        assert commit_notifier_for(sqlite, fast()) is None
+    finally:
+        await sqlite.dispose()
