@@ -220,7 +220,7 @@ def _add_common(parser: argparse.ArgumentParser, *, apps_dest: str) -> None:
     )
 
 
-def _add_json(parser: argparse.ArgumentParser, help_: str) -> None:
+def _add_json(parser: argparse._ActionsContainer, help_: str) -> None:
     parser.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=help_)
 
 
@@ -1014,6 +1014,7 @@ def cmd_console(inv: Invocation) -> int:
         exchange=inv.exchange,
         refresh_seconds=float(inv.opt("refresh", 1.0)),
         demo=demo,
+        stderr=inv.out.stderr,
     )
 
 

@@ -170,6 +170,10 @@ class Output:
         self.console = Console(file=self._stdout, highlight=False)
         self.err_console = Console(file=self._stderr, highlight=False)
 
+    @property
+    def stderr(self) -> TextIO:
+        return self._stderr
+
     def json(self, record: Any) -> None:
         """One compact JSON value on one line, flushed at once (for pipes and tests)."""
         self._stdout.write(json.dumps(record, default=_json_default, sort_keys=False) + "\n")
