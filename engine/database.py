@@ -69,23 +69,48 @@ def mask_url(url: str | URL) -> str:
     try:
         return make_url(url).render_as_string(hide_password=True)
     except Exception:
-        return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+        return _URL_CREDENTIALS.sub(r"\1***@", url)
+
+
+_URL_CREDENTIALS = re.compile(r"(://[^:/@\s]*:)[^@\s]*@")
+_RAW_PASSWORD = re.compile(r"://[^:/@\s]*:([^@\s]+)@")
 
 
 def mask_secrets(message: str, *urls: str | URL) -> str:
-    """Remove the passwords of ``urls`` (and any URL-looking credentials) from text."""
+    """Remove passwords from text: credentials inside any URL, and the passwords of ``urls``.
+
+    A bare password (a driver echoing it) is masked only where it stands as a
+    whole token, in its decoded and its percent-encoded spelling, so a short or
+    common password ("postgres") cannot mangle words like "postgresql".
+    """
+    message = _URL_CREDENTIALS.sub(r"\1***@", message)
+    for secret in sorted(_password_spellings(urls), key=len, reverse=True):
+        message = re.sub(rf"(?<!\w){re.escape(secret)}(?!\w)", "***", message)
+    return message
+
+
+def _password_spellings(urls: tuple[str | URL, ...]) -> set[str]:
+    spellings: set[str] = set()
     for url in urls:
-        password = url.password if isinstance(url, URL) else _password_of(url)
+        if isinstance(url, URL):
+            if url.password:
+                spellings.add(str(url.password))
+            continue
+        password = _password_of(url)
         if password:
-            message = message.replace(str(password), "***")
-    return re.sub(r"(://[^:/@\s]*:)[^@\s]*@", r"\1***@", message)
+            spellings.add(password)
+        typed = _RAW_PASSWORD.search(url)
+        if typed:
+            spellings.add(typed.group(1))
+    return spellings
 
 
 def _password_of(url: str) -> str | None:
     try:
-        return make_url(url).password
+        password = make_url(url).password
     except Exception:
         return None
+    return None if password is None else str(password)
 
 
 def create_engine(url: str | URL, **kwargs: Any) -> AsyncEngine:

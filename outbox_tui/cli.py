@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import re
 import signal
 import sys
 import textwrap
@@ -24,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from engine.database import (
@@ -67,44 +66,18 @@ class UsageError(Exception):
 
 # -- secrets ---------------------------------------------------------------------------
 
-_RAW_PASSWORD = re.compile(r"://[^:/@\s]*:([^@\s]+)@")
-
-
 class Redactor:
-    """Removes the passwords of the URLs this run was given from any text.
-
-    Credentials inside URLs are masked wherever they appear. A password on its
-    own (a driver echoing it) is masked where it stands as a whole token, so a
-    short or common password ("postgres") cannot mangle ordinary words or the
-    numbers of a JSON record.
-    """
+    """Removes the passwords of the URLs this run was given from any text it prints."""
 
     def __init__(self) -> None:
-        self._patterns: list[re.Pattern[str]] = []
+        self._urls: list[str] = []
 
     def add(self, url: str | None) -> None:
-        if not url:
-            return
-        spellings = {_password_of(url)}
-        match = _RAW_PASSWORD.search(url)
-        if match:
-            spellings.add(match.group(1))  # the percent-encoded spelling, as typed
-        for secret in sorted(filter(None, spellings), key=len, reverse=True):
-            self._patterns.append(re.compile(rf"(?<!\w){re.escape(secret)}(?!\w)"))
+        if url:
+            self._urls.append(url)
 
     def __call__(self, text: str) -> str:
-        text = mask_secrets(text)
-        for pattern in self._patterns:
-            text = pattern.sub("***", text)
-        return text
-
-
-def _password_of(url: str) -> str | None:
-    try:
-        password = make_url(url).password
-    except Exception:  # not a URL at all: the raw spelling below still applies
-        return None
-    return None if password is None else str(password)
+        return mask_secrets(text, *self._urls)
 
 
 class RedactingStream:

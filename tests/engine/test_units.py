@@ -100,3 +100,11 @@ def test_urls_are_normalised_and_passwords_masked():
 def test_bad_urls_give_one_clear_error(url, message):
     with pytest.raises(DatabaseUrlError, match=message):
         parse_database_url(url)
+
+
+def test_bare_passwords_are_masked_as_whole_tokens_only():
+    url = "postgresql://app:postgres@db/app"
+    assert mask_secrets("use postgresql; password postgres rejected", url) == (
+        "use postgresql; password *** rejected"
+    )
+    assert "s3cr" not in mask_secrets("raw s3cr%40t and s3cr@t", "amqp://u:s3cr%40t@mq/")
