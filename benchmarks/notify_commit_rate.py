@@ -27,8 +27,9 @@ Clients (who commits; each producer commits single-row transactions as fast as i
            ceiling; after_commit runs a second pgbench sending pg_notify at the worst-case
            rate of the coalesced design (producers x 1000 / interval_ms per second).
 
-Rounds interleave the modes so machine noise hits all alike; each mode's median is
-reported with its ratio to "none" of the same client in the same run.
+Rounds interleave the modes so machine noise hits all alike. Reported per client and mode:
+the median commit rate, the median of the per-round ratios to "none" of the same client and
+round ("vs none"), and those ratios sorted (their spread shows the noise).
 """
 
 from __future__ import annotations
@@ -313,14 +314,25 @@ async def main() -> None:
                         f"{notified:8.0f} notifications/s",
                         flush=True,
                     )
-        print(f"\n{'client':<9}{'mode':<13}{'commits/s':>10}{'vs none':>9}{'notifies/s':>12}")
+        print(
+            f"\n{'client':<9}{'mode':<13}{'commits/s':>10}{'vs none':>9}"
+            f"{'round ratios':>26}{'notifies/s':>12}"
+        )
         for client in clients:
-            base = statistics.median(rates[client, "none"]) if "none" in modes else None
+            base = rates[client, "none"] if "none" in modes else None
             for mode in modes:
                 median = statistics.median(rates[client, mode])
-                ratio = f"{median / base:.2f}x" if base else "-"
+                ratio = spread = "-"
+                if base:
+                    per_round = sorted(
+                        r / b for r, b in zip(rates[client, mode], base, strict=True)
+                    )
+                    ratio = f"{statistics.median(per_round):.2f}x"
+                    spread = " ".join(f"{r:.2f}" for r in per_round)
                 notified = statistics.median(notes[client, mode])
-                print(f"{client:<9}{mode:<13}{median:>10.0f}{ratio:>9}{notified:>12.0f}")
+                print(
+                    f"{client:<9}{mode:<13}{median:>10.0f}{ratio:>9}{spread:>26}{notified:>12.0f}"
+                )
     finally:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         await admin.close()
