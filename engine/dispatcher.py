@@ -253,7 +253,7 @@ class OutboxDispatcher:
                     return _Outcome(row, "dead_letter", error, error), records
                 except Exception as exc:
                     error = f"{registered.key}: {type(exc).__name__}: {exc}"
-                    log.warning("handler failed for event %s: %s", envelope.event_id, error)
+                    log.debug("handler failed for event %s: %s", envelope.event_id, error)
                     records.append(
                         HandlerRunRecord(envelope.event_id, registered.key, False, error)
                     )
@@ -343,4 +343,17 @@ class OutboxDispatcher:
                     lost += 1
         if lost:
             log.warning("dispatcher %s lost the lease on %d event(s)", self.dispatcher_id, lost)
+        if failed or dead:
+            # One line per round, not per event: a handler outage must not flood the log.
+            first = next(o for o in outcomes if o.kind in ("failed", "dead_letter"))
+            log.warning(
+                "dispatcher %s: %d failed (retrying), %d dead-lettered of %d claimed; "
+                "first: event %s: %s",
+                self.dispatcher_id,
+                failed,
+                dead,
+                claimed,
+                first.row.event_id,
+                first.error,
+            )
         return DispatchResult(claimed, published, failed, dead, lost)
