@@ -112,7 +112,7 @@ class OutboxConsole(App[int]):
         self.traffic = traffic
         self.operator = operator or default_operator()
         self.display_url = display_url or mask_url(config.database_url)
-        self._closing = False
+        self._quitting = False
 
     @property
     def main(self) -> MainScreen:
@@ -133,8 +133,8 @@ class OutboxConsole(App[int]):
             self.push_screen(HelpScreen())
 
     async def action_quit(self) -> None:
-        if self.dispatch.running and not self._closing:
-            self._closing = True
+        if self.dispatch.running and not self._quitting:
+            self._quitting = True
             self.notify("Stopping the in-process dispatcher (its batch finishes first)…")
             self.main.dispatch_state = "stopping"
             self._stop_then_exit()

@@ -144,7 +144,7 @@ class MainScreen(Screen[None]):
         self._last_good: datetime | None = None
 
     @property
-    def console(self) -> OutboxConsole:
+    def console_app(self) -> OutboxConsole:
         return self.app  # type: ignore[return-value]
 
     @property
@@ -154,8 +154,8 @@ class MainScreen(Screen[None]):
     # -- layout -------------------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
-        config = self.console.config
-        yield StatusBar(self.console.display_url, config.refresh_seconds, id="status-bar")
+        config = self.console_app.config
+        yield StatusBar(self.console_app.display_url, config.refresh_seconds, id="status-bar")
         yield Static("", id="banner")
         yield OverviewPanel(config.pending_age, id="overview")
         yield DispatchersPanel(id="dispatchers")
@@ -167,7 +167,7 @@ class MainScreen(Screen[None]):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.console.dispatch.on_exit = self._dispatch_exited
+        self.console_app.dispatch.on_exit = self._dispatch_exited
         self._update_titles(None)
         self.query_one(EventTable).focus()
         self.poll_now()
@@ -185,7 +185,7 @@ class MainScreen(Screen[None]):
     def _schedule_poll(self) -> None:
         if self._poll_timer is not None:
             self._poll_timer.stop()
-        self._poll_timer = self.set_timer(self.console.config.refresh_seconds, self._poll_due)
+        self._poll_timer = self.set_timer(self.console_app.config.refresh_seconds, self._poll_due)
 
     def _poll_due(self) -> None:
         self._poll_timer = None
@@ -204,13 +204,13 @@ class MainScreen(Screen[None]):
     @work(exclusive=True, group="poll", exit_on_error=False)
     async def _poll(self, generation: int) -> None:
         view = self.view
-        insights = self.console.insights
-        timeout = self.console.config.poll_timeout_seconds
+        insights = self.console_app.insights
+        timeout = self.console_app.config.poll_timeout_seconds
         try:
             async with asyncio.timeout(timeout):
                 snapshot = await insights.overview()
                 page = await insights.events_page(
-                    view.query_filter, limit=self.console.config.page_size, before=view.before
+                    view.query_filter, limit=self.console_app.config.page_size, before=view.before
                 )
         except TimeoutError:
             self.post_message(PollFailed(f"the database did not answer within {timeout:g}s"))
@@ -297,7 +297,7 @@ class MainScreen(Screen[None]):
                 (" ⚠ Database problem: ", "bold"),
                 message.error,
                 (
-                    f"  Retrying every {self.console.config.refresh_seconds:g}s "
+                    f"  Retrying every {self.console_app.config.refresh_seconds:g}s "
                     f"(attempt {self.failures}).{since}",
                     "",
                 ),
@@ -354,7 +354,7 @@ class MainScreen(Screen[None]):
         self.query_one(EventTable).move_cursor(row=0)
 
     def action_filter(self) -> None:
-        known_types = [t for t, _v in self.console.registry.event_types()]
+        known_types = [t for t, _v in self.console_app.registry.event_types()]
         table = self.query_one(EventTable)
         seen = [e.event_type for e in table.events]
         tenants = [e.tenant_id for e in table.events]
@@ -428,7 +428,7 @@ class MainScreen(Screen[None]):
     @work(exclusive=True, group="detail", exit_on_error=False)
     async def _load_detail(self, event_id: str) -> None:
         try:
-            detail = await self.console.insights.event_detail(event_id)
+            detail = await self.console_app.insights.event_detail(event_id)
         except OutboxError as exc:
             self.post_message(DetailLoaded(event_id, None, one_line(exc)))
         else:
@@ -444,7 +444,7 @@ class MainScreen(Screen[None]):
             pane.event_id = message.event_id
             pane.show_message(message.error or "unknown error", error=True)
             return
-        pane.show(message.detail, self.console.clock())
+        pane.show(message.detail, self.console_app.clock())
 
     # -- replay -------------------------------------------------------------------------
 
@@ -477,7 +477,7 @@ class MainScreen(Screen[None]):
     @work(exclusive=True, group="replay", exit_on_error=False)
     async def _prepare_replay(self, flt: EventFilter) -> None:
         try:
-            summary = await self.console.insights.match_summary(flt)
+            summary = await self.console_app.insights.match_summary(flt)
         except OutboxError as exc:
             self.post_message(ActionFailed("Replay", one_line(exc)))
             return
@@ -514,7 +514,7 @@ class MainScreen(Screen[None]):
     async def _replay(
         self, ids: tuple[str, ...], flt: EventFilter | None, reason: str | None
     ) -> None:
-        console = self.console
+        console = self.console_app
         try:
             if flt is not None:
                 ids = tuple(await console.insights.matching_ids(flt))
@@ -557,7 +557,7 @@ class MainScreen(Screen[None]):
     # -- dispatch -----------------------------------------------------------------------
 
     def action_start_dispatch(self) -> None:
-        control = self.console.dispatch
+        control = self.console_app.dispatch
         reason = control.unavailable_reason()
         if reason:
             self.notify(reason, title="Cannot start dispatch", severity="warning", timeout=10)
@@ -567,7 +567,7 @@ class MainScreen(Screen[None]):
 
     @work(exclusive=True, group="dispatch", exit_on_error=False)
     async def _start_dispatch(self) -> None:
-        control = self.console.dispatch
+        control = self.console_app.dispatch
         try:
             await control.start()
         except OutboxError as exc:
@@ -596,7 +596,7 @@ class MainScreen(Screen[None]):
 
     @work(exclusive=True, group="dispatch", exit_on_error=False)
     async def _stop_dispatch(self) -> None:
-        outcome = await self.console.dispatch.stop()
+        outcome = await self.console_app.dispatch.stop()
         if outcome is None:
             self.post_message(DispatchChanged(False))
             return
@@ -625,7 +625,7 @@ class MainScreen(Screen[None]):
     def watch_dispatch_state(self, state: str) -> None:
         bar = self.query_one(StatusBar)
         bar.dispatch = state
-        bar.dispatch_target = self.console.dispatch.target
+        bar.dispatch_target = self.console_app.dispatch.target
 
     # -- errors and bindings ------------------------------------------------------------
 
@@ -647,7 +647,7 @@ class MainScreen(Screen[None]):
         if event.worker.group == "poll":
             self._schedule_poll()
         elif event.worker.group == "dispatch":
-            self.dispatch_state = "running" if self.console.dispatch.running else "stopped"
+            self.dispatch_state = "running" if self.console_app.dispatch.running else "stopped"
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         state = self.dispatch_state

@@ -34,14 +34,14 @@ def orders_registry() -> EventRegistry:
     return load_registry(["examples.orders"])
 
 
-async def seed(url: str, registry: EventRegistry, *, orders: int = 24, rounds: int = 1) -> None:
+async def seed(url: str, registry: EventRegistry, *, orders: int = 30, rounds: int = 1) -> None:
     """Schema, example tables, ``orders`` orders, then ``rounds`` dispatch rounds."""
     engine = create_engine(url)
     try:
         await create_schema(engine)
         await create_tables(engine)
         await generate_orders(engine, registry, orders, seed=7)
-        dispatcher = OutboxDispatcher(engine, registry, batch_size=100)
+        dispatcher = OutboxDispatcher(engine, registry, batch_size=20)  # leaves some pending
         for _ in range(rounds):
             await dispatcher.dispatch_once()
     finally:
@@ -53,6 +53,13 @@ async def seeded_url(database_url: str, orders_registry: EventRegistry) -> str:
     """Any backend, holding pending, failed, published and dead-letter events."""
     await seed(database_url, orders_registry)
     return database_url
+
+
+@pytest.fixture
+async def sqlite_seeded(sqlite_url: str, orders_registry: EventRegistry) -> str:
+    """SQLite only: for console behaviour that does not depend on the backend."""
+    await seed(sqlite_url, orders_registry)
+    return sqlite_url
 
 
 def console(
@@ -100,3 +107,28 @@ async def counts(url: str) -> dict[str, int]:
         return dict((await OutboxInsights(engine).overview()).counts)
     finally:
         await engine.dispose()
+
+
+async def paste(pilot: Pilot[object], text: str) -> None:
+    """Type ``text`` into the focused field the way a terminal pastes it (one event, fast)."""
+    from textual import events
+
+    focused = pilot.app.focused
+    assert focused is not None, "nothing has the focus"
+    focused.post_message(events.Paste(text))
+    await pilot.pause()
+
+
+async def press_to_exit(pilot: Pilot[object], *keys: str) -> None:
+    """Press keys that end the app, and wait for it to decide to exit.
+
+    Pilot's own waits never return once the app is gone, so the presses run in a
+    task of their own and the wait here uses plain sleeps.
+    """
+    task = asyncio.create_task(pilot.press(*keys))
+    try:
+        async with asyncio.timeout(10):
+            while pilot.app.return_code is None:  # noqa: ASYNC110 - no event to wait on
+                await asyncio.sleep(0.02)
+    finally:
+        task.cancel()

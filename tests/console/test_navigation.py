@@ -13,7 +13,7 @@ from outbox_tui.widgets.event_detail import EventDetailPane, render_detail
 from outbox_tui.widgets.event_table import EventTable
 from outbox_tui.widgets.overview import CountTile
 
-from .conftest import SIZE, console, refreshed, started, until
+from .conftest import SIZE, console, press_to_exit, refreshed, started, until
 
 
 def table_ids(app) -> list[str]:
@@ -171,6 +171,5 @@ async def test_q_quits(seeded_url, orders_registry):
     app = console(seeded_url, orders_registry)
     async with app.run_test(size=SIZE) as pilot:
         await started(pilot)
-        await pilot.press("q")
-        await until(pilot, lambda: app.return_code is not None, "the app to exit")
+        await press_to_exit(pilot, "q")
     assert app.return_code == 0

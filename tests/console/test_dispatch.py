@@ -1,0 +1,84 @@
+"""``s``: the console's own dispatcher: heartbeats, published rows, graceful stop."""
+
+from __future__ import annotations
+
+from engine import EventRegistry, create_engine
+from engine.insights import OutboxInsights
+from outbox_tui.screens.confirm import ConfirmModal
+
+from .conftest import SIZE, console, counts, press_to_exit, started, until
+
+
+async def heartbeat(url: str, instance_id: str = "console:test"):
+    engine = create_engine(url)
+    try:
+        beats = await OutboxInsights(engine).heartbeats()
+    finally:
+        await engine.dispose()
+    return next((hb for hb in beats if hb.instance_id == instance_id), None)
+
+
+def s_key(app) -> str:
+    """What the footer offers for ``s`` right now."""
+    return app.main.active_bindings["s"].binding.description
+
+
+async def test_s_starts_dispatch_and_s_y_stops_it_gracefully(seeded_url, orders_registry):
+    before = await counts(seeded_url)
+    assert before["pending"] > 0
+    app = console(seeded_url, orders_registry, refresh_seconds=0.2)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot)
+        assert s_key(app) == "Start dispatch"
+        await pilot.press("s")
+        await until(pilot, lambda: app.main.dispatch_state == "running", "the dispatcher")
+        assert s_key(app) == "Stop dispatch"
+        snap = lambda: app.main.last_snapshot  # noqa: E731
+        await until(
+            pilot,
+            lambda: (
+                snap().counts["pending"] == 0
+                and snap().counts["published"] > before["published"]
+                and any(hb.instance_id == "console:test" for hb in snap().heartbeats)
+            ),
+            "the console's dispatcher to drain the outbox",
+            seconds=10,
+        )
+        [mine] = [hb for hb in snap().heartbeats if hb.instance_id == "console:test"]
+        assert mine.state == "alive" and mine.iterations > 0
+
+        await pilot.press("s")
+        assert isinstance(app.screen, ConfirmModal)
+        await pilot.press("y")
+        await until(pilot, lambda: app.main.dispatch_state == "stopped", "a graceful stop")
+        assert s_key(app) == "Start dispatch"
+        assert not app.dispatch.running
+    beat = await heartbeat(seeded_url)
+    assert beat is not None and beat.state == "stopped" and beat.total("published") > 0
+    after = await counts(seeded_url)
+    assert after["published"] > before["published"] and after["publishing"] == 0
+
+
+async def test_stop_can_be_cancelled_and_quit_stops_the_dispatcher(sqlite_seeded, orders_registry):
+    app = console(sqlite_seeded, orders_registry)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot)
+        await pilot.press("s")
+        await until(pilot, lambda: app.main.dispatch_state == "running", "the dispatcher")
+        await pilot.press("s", "n")
+        assert app.main.dispatch_state == "running" and app.dispatch.running
+        await press_to_exit(pilot, "q")
+    beat = await heartbeat(sqlite_seeded)
+    assert beat is not None and beat.state == "stopped"
+
+
+async def test_s_without_handlers_or_relay_explains_why_it_cannot_start(sqlite_seeded):
+    app = console(sqlite_seeded, EventRegistry())
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot)
+        await pilot.press("s")
+        await pilot.pause()
+        assert app.main.dispatch_state == "stopped" and not app.dispatch.running
+        [note] = [n for n in app._notifications if n.title == "Cannot start dispatch"]
+        assert "--installed-app" in note.message and "--amqp-url" in note.message
+    assert await heartbeat(sqlite_seeded) is None
