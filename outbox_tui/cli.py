@@ -687,7 +687,11 @@ async def cmd_dead_letter_list(inv: Invocation) -> int:
     elif not page.events:
         inv.out.say("no dead letters" + _filter_note(args))
     else:
-        inv.out.console.print(output.dead_letters_table(page.events, has_more=page.has_more))
+        inv.out.console.print(
+            output.dead_letters_table(
+                page.events, has_more=page.has_more, width=inv.out.console.width
+            )
+        )
     return EXIT_OK
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TextIO
@@ -158,6 +158,14 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
+def _width(stream: TextIO) -> int | None:
+    """Let rich measure a terminal; give anything else room for a whole table row."""
+    try:
+        return None if stream.isatty() else 200
+    except (AttributeError, ValueError):
+        return 200
+
+
 class Output:
     """stdout for results (JSON or rich), stderr for errors, progress and status."""
 
@@ -167,8 +175,9 @@ class Output:
         self.json_mode = json_mode
         self._stdout = stdout or sys.stdout
         self._stderr = stderr or sys.stderr
-        self.console = Console(file=self._stdout, highlight=False)
-        self.err_console = Console(file=self._stderr, highlight=False)
+        # Piped or redirected output keeps one row per line instead of rich's 80 columns.
+        self.console = Console(file=self._stdout, highlight=False, width=_width(self._stdout))
+        self.err_console = Console(file=self._stderr, highlight=False, width=_width(self._stderr))
 
     @property
     def stderr(self) -> TextIO:
@@ -204,33 +213,52 @@ def _cell(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def dead_letters_table(events: Sequence[EventSummary], *, has_more: bool) -> Table:
+def dead_letters_table(
+    events: Sequence[EventSummary], *, has_more: bool, width: int = 200
+) -> Table:
+    """One line per dead letter, fitted to ``width``: narrow terminals drop columns first.
+
+    Ids are for copying and never shortened; the reason gets what is left.
+    """
     title = f"{len(events)} dead letter(s)" + (" (more: raise --limit)" if has_more else "")
+    columns: list[tuple[str, int, Callable[[EventSummary], str]]] = [
+        ("id", 36, lambda e: e.id),
+        ("type", 22 if width >= 100 else 18, lambda e: f"{e.event_type} v{e.event_version}"),
+    ]
+    if width >= 100:
+        columns.append(("attempts", 8, lambda e: str(e.attempt_count)))
+    if width >= 120:
+        columns.insert(1, ("tenant", 10, lambda e: e.tenant_id))
+    if width >= 160:
+        columns += [
+            ("aggregate", 24, lambda e: f"{e.aggregate_type}/{e.aggregate_id}"),
+            ("replays", 7, lambda e: str(e.replay_count)),
+            ("created (UTC)", 19, lambda e: e.created_at.strftime("%Y-%m-%d %H:%M:%S")),
+        ]
+    borders = 3 * (len(columns) + 1) + 1
+    reason_width = max(16, width - borders - sum(w for _n, w, _f in columns))
     table = Table(title=title, title_justify="left", expand=False)
-    for name in ("id", "tenant", "type", "aggregate", "attempts", "replays", "created", "reason"):
-        if name == "id":  # ids are for copying: never shortened
-            table.add_column(name, no_wrap=True, min_width=36)
-        else:
-            table.add_column(name, overflow="ellipsis")
-    for e in events:
-        table.add_row(
-            e.id,
-            e.tenant_id,
-            f"{e.event_type} v{e.event_version}",
-            f"{e.aggregate_type}/{e.aggregate_id}",
-            str(e.attempt_count),
-            str(e.replay_count),
-            iso(e.created_at) or "-",
-            _cell(e.dead_letter_reason or e.last_error),
+    for name, column_width, _fn in columns:
+        table.add_column(
+            name,
+            no_wrap=True,
+            overflow="ellipsis",
+            max_width=column_width,
+            min_width=column_width if name == "id" else None,
         )
+    table.add_column("reason", no_wrap=True, overflow="ellipsis", max_width=reason_width)
+    for e in events:
+        cells = [fn(e) for _n, _w, fn in columns]
+        table.add_row(*cells, _cell(e.dead_letter_reason or e.last_error, limit=reason_width))
     return table
 
 
 def stats_tables(snapshot: OverviewSnapshot, database_url: str) -> list[Table | Text]:
     record = stats_record(snapshot, database_url)
-    overview = Table(title=f"outbox at {database_url}", title_justify="left", show_header=False)
+    overview = Table(title="outbox", title_justify="left", show_header=False)
     overview.add_column("what", style="bold")
     overview.add_column("value", justify="right")
+    overview.add_row("database", database_url)
     for status, count in record["counts"].items():
         overview.add_row(status, str(count))
     overview.add_row("total", str(record["total"]))
