@@ -66,6 +66,7 @@ class WakeupListener:
         self._conn: AsyncConnection | None = None
         self._driver: Any = None
         self._next_attempt = 0.0
+        self._failures = 0
 
     @property
     def listening(self) -> bool:
@@ -77,18 +78,27 @@ class WakeupListener:
         try:
             conn = await self.engine.connect()
         except Exception as exc:
-            log.warning("wake-up listener: cannot connect (polling meanwhile): %s", self._line(exc))
+            self._failed("cannot connect", exc)
             return False
         try:
             raw = await conn.get_raw_connection()
             driver: Any = raw.driver_connection
             await driver.add_listener(self.channel, self._on_notification)
         except Exception as exc:
-            log.warning("wake-up listener: LISTEN failed (polling meanwhile): %s", self._line(exc))
+            self._failed("LISTEN failed", exc)
             await _discard(conn)
             return False
+        if self._failures:
+            log.info("wake-up listener: listening on %s again", self.channel)
+        self._failures = 0
         self._conn, self._driver = conn, driver
         return True
+
+    def _failed(self, what: str, exc: BaseException) -> None:
+        # One warning per outage; the retries every retry_seconds log at debug level.
+        level = logging.WARNING if self._failures == 0 else logging.DEBUG
+        self._failures += 1
+        log.log(level, "wake-up listener: %s (polling meanwhile): %s", what, self._line(exc))
 
     async def ensure(self) -> None:
         """Reconnect a broken listener, at most every ``retry_seconds``."""
