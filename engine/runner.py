@@ -300,6 +300,7 @@ class _RunLoop:
         finally:
             for waiter in waiters:
                 waiter.cancel()
+            await asyncio.gather(*waiters, return_exceptions=True)
         if not done:
             return "timeout"
         return "shutdown" if self.shutdown.is_set() else "notify"

@@ -17,6 +17,11 @@ from engine.schema import outbox_events
 from .conftest import fast, publish
 
 
+def fetch(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return response.read()
+
+
 def value(metrics: OutboxMetrics, name: str) -> float | None:
     return metrics.registry.get_sample_value(name)
 
@@ -100,7 +105,7 @@ async def test_metrics_are_served_over_http_on_loopback():
         host, port = server.server_address[:2]
         assert host == "127.0.0.1"
         url = f"http://127.0.0.1:{port}/metrics"
-        body = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read())
+        body = await asyncio.to_thread(fetch, url)
     finally:
         server.shutdown()
         server.server_close()
