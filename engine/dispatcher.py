@@ -123,6 +123,7 @@ class OutboxDispatcher:
         dispatcher_id: str | None = None,
         batch_size: int = 100,
         lease_seconds: float = 30.0,
+        max_attempts: int | None = None,
         backoff: BackoffPolicy | None = None,
         idempotency_store: IdempotencyStore | None = None,
         external_publisher: ExternalPublisher | None = None,
@@ -134,17 +135,20 @@ class OutboxDispatcher:
             raise ConfigurationError(f"batch_size must be between 1 and 10000, got {batch_size}")
         if lease_seconds <= 0:
             raise ConfigurationError(f"lease_seconds must be > 0, got {lease_seconds}")
+        if max_attempts is not None and max_attempts < 1:
+            raise ConfigurationError(f"max_attempts must be >= 1, got {max_attempts}")
         self.engine = engine
         self.registry = registry
         self.dispatcher_id = dispatcher_id or default_dispatcher_id()
         self.batch_size = batch_size
         self.lease = timedelta(seconds=lease_seconds)
+        self.max_attempts = max_attempts
         self.backoff = backoff or BackoffPolicy()
         self.idempotency = idempotency_store or IdempotencyStore(engine, clock=clock)
         self.external_publisher = external_publisher
         self.lock_provider = lock_provider
         self.observers = list(observers)
-        self._clock = clock
+        self.clock = clock
 
     async def dispatch_once(self) -> DispatchResult:
         """Claim one batch, deliver it, record the outcomes."""
@@ -160,7 +164,7 @@ class OutboxDispatcher:
         return result
 
     async def _round(self) -> DispatchResult:
-        claimed_at = self._clock()
+        claimed_at = self.clock()
         async with self.engine.begin() as conn:
             claimed = await store.claim_batch(
                 conn,
@@ -177,9 +181,9 @@ class OutboxDispatcher:
             envelope, problem = self._decode(row)
             if envelope is None:
                 outcomes.append(_Outcome(row, "dead_letter", problem, f"permanent: {problem}"))
-            elif row.attempt_count > row.max_attempts:
+            elif row.attempt_count > self._budget(row):
                 why = (
-                    f"attempts exhausted ({row.attempt_count - 1}/{row.max_attempts}); the last "
+                    f"attempts exhausted ({row.attempt_count - 1}/{self._budget(row)}); the last "
                     "lease expired before completion (dispatcher crash or handler over the lease)"
                 )
                 outcomes.append(_Outcome(row, "dead_letter", why, why))
@@ -195,13 +199,17 @@ class OutboxDispatcher:
             # lease expired may be handled again by another dispatcher meanwhile.
             deadline = claimed_at + self.lease * LEASE_BUDGET
             for row in deliverable:
-                if self._clock() >= deadline:
+                if self.clock() >= deadline:
                     outcomes.append(_Outcome(row, "unattempted"))
                     continue
                 outcome, row_records = await self._run_handlers(row, envelopes[row.event_id], done)
                 outcomes.append(outcome)
                 records += row_records
         return await self._complete(len(claimed), outcomes, records)
+
+    def _budget(self, row: ClaimedRow) -> int:
+        """The row's attempt budget, unless this dispatcher overrides every row's."""
+        return self.max_attempts if self.max_attempts is not None else row.max_attempts
 
     async def _succeeded_handlers(self, rows: list[ClaimedRow]) -> set[tuple[str, str]]:
         """Handler runs that already succeeded, looked up only for rows delivered before.
@@ -293,7 +301,7 @@ class OutboxDispatcher:
     ) -> DispatchResult:
         published = failed = dead = lost = 0
         async with self.engine.begin() as conn:
-            now = self._clock()
+            now = self.clock()
             fence = store.Fence(self.dispatcher_id, now)
             wins = [
                 (o.row.event_id, o.row.claim_version) for o in outcomes if o.kind == "published"
@@ -312,7 +320,7 @@ class OutboxDispatcher:
             released = await store.release_unattempted(conn, untouched, fence)
             lost += len(untouched) - len(released)
             for o in outcomes:
-                if o.kind == "failed" and o.row.attempt_count < o.row.max_attempts:
+                if o.kind == "failed" and o.row.attempt_count < self._budget(o.row):
                     retry_at = now + self.backoff.delay(o.row.attempt_count)
                     ok = await store.mark_failed(
                         conn,
@@ -325,7 +333,7 @@ class OutboxDispatcher:
                     failed += ok
                 elif o.kind in ("failed", "dead_letter"):
                     reason = o.reason or (
-                        f"max attempts reached ({o.row.attempt_count}/{o.row.max_attempts}): "
+                        f"max attempts reached ({o.row.attempt_count}/{self._budget(o.row)}): "
                         f"{o.error}"
                     )
                     ok = await store.mark_dead_letter(

@@ -142,6 +142,7 @@ def build_dispatcher(
         dispatcher_id=dispatcher_id,
         batch_size=settings.batch_size,
         lease_seconds=settings.lease_seconds,
+        max_attempts=settings.max_attempts,
         backoff=BackoffPolicy(
             kind=settings.backoff_kind,
             base_seconds=settings.backoff_base_seconds,
@@ -185,8 +186,7 @@ async def run_dispatcher(
 
 
 def _clock_of(dispatcher: OutboxDispatcher) -> Clock:
-    clock: Clock = getattr(dispatcher, "_clock", utc_now)
-    return clock
+    return dispatcher.clock
 
 
 class _RunLoop:
@@ -242,7 +242,9 @@ class _RunLoop:
                     break
                 if not ok:
                     await self._wait(self._storage_delay(), notify=False)
-                elif result.claimed == 0:
+                elif result.claimed == 0 or not (result.published or result.dead_lettered):
+                    # Nothing claimed, or nothing moved on (every row failed or was handed
+                    # back, as in a broker outage): wait rather than spin on the same rows.
                     await self._idle_wait()
         finally:
             summary.shutdown_requested = self.shutdown.is_set()

@@ -9,13 +9,12 @@ both the variable and the flag, e.g.
 1000, got 0``.
 
 The attempt budget: each outbox row carries its own ``max_attempts``, fixed
-when it is published (explicitly, or the column default 10). The dispatcher
-honours the row's value, so a row's fate never depends on which dispatcher's
-configuration happened to pick it up, and rows written with plain SQL by other
-services behave the same. ``DispatcherSettings.max_attempts`` is therefore not
-applied to existing rows: it is the budget producers configured from these
-settings pass to ``publish(..., max_attempts=...)``, and its default equals the
-column default. See docs/dispatcher.md.
+when it is published (explicitly, or the column default 10).
+``DispatcherSettings.max_attempts`` is unset by default, and then the
+dispatcher honours each row's value. Set it (``--max-attempts``,
+``OUTBOX_DISPATCHER__MAX_ATTEMPTS``) to give every row this dispatcher handles
+that budget instead, for instance to ride out a long broker outage; give all
+dispatchers of one outbox the same value. See docs/dispatcher.md.
 """
 
 from __future__ import annotations
@@ -37,7 +36,6 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engine.database import DEFAULT_DATABASE_URL, parse_database_url
 from engine.errors import ConfigurationError, DatabaseUrlError
-from engine.schema import DEFAULT_MAX_ATTEMPTS
 
 ENV_PREFIX = "OUTBOX_"
 _HOUR = 3600.0
@@ -55,7 +53,8 @@ class DispatcherSettings(BaseModel):
     batch_size: Annotated[int, Field(ge=1, le=1000)] = 100
     idle_sleep_seconds: Seconds = 1.0
     lease_seconds: Seconds = 30.0
-    max_attempts: Annotated[int, Field(ge=1, le=1000)] = DEFAULT_MAX_ATTEMPTS
+    # None: each row's own max_attempts; a number overrides every row's budget.
+    max_attempts: Annotated[int | None, Field(ge=1, le=1000)] = None
     backoff_kind: Literal["exponential", "fixed"] = "exponential"
     backoff_base_seconds: Annotated[float, Field(ge=0, le=24 * _HOUR)] = 5.0
     backoff_max_seconds: Annotated[float, Field(ge=0, le=24 * _HOUR)] = 300.0
@@ -77,7 +76,7 @@ class DispatcherSettings(BaseModel):
     storage_retry_initial_seconds: Seconds = 0.5
     storage_retry_max_seconds: Seconds = 30.0
 
-    @field_validator("retention_seconds", mode="before")
+    @field_validator("retention_seconds", "max_attempts", mode="before")
     @classmethod
     def _none_words(cls, value: Any) -> Any:
         if isinstance(value, str) and value.strip().lower() in _NONE_WORDS:

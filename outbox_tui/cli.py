@@ -66,6 +66,7 @@ class UsageError(Exception):
 
 # -- secrets ---------------------------------------------------------------------------
 
+
 class Redactor:
     """Removes the passwords of the URLs this run was given from any text it prints."""
 
@@ -270,8 +271,8 @@ def _add_dispatch(parser: argparse.ArgumentParser, *, loop: bool) -> None:
         metavar="N",
         type=int,
         default=argparse.SUPPRESS,
-        help="attempt budget setting (validated and reported; each row keeps the "
-        "max_attempts it was published with)",
+        help="attempt budget for every row this dispatcher handles (default: each row's "
+        "own max_attempts, 10 unless published otherwise)",
     )
     group.add_argument(
         "--lock",

@@ -377,3 +377,20 @@ async def test_handlers_are_not_started_once_most_of_the_lease_is_spent(db, regi
         stored = await row(db, event_id)
         assert stored["status"] == "pending" and stored["attempt_count"] == 0
     assert await dispatcher.dispatch_once() == DispatchResult(claimed=2, published=2)
+
+
+async def test_a_dispatcher_budget_overrides_every_rows_max_attempts(db, registry, clock):
+    @registry.handler("orders.placed", key="orders.down")
+    async def down(envelope):
+        raise ConnectionError("still down")
+
+    [event_id] = await publish(db, registry)  # the row's own budget: 10
+    dispatcher = OutboxDispatcher(
+        db, registry, clock=clock, max_attempts=2, backoff=BackoffPolicy(base_seconds=1)
+    )
+    assert (await dispatcher.dispatch_once()).failed == 1
+    clock.advance(1)
+    assert (await dispatcher.dispatch_once()).dead_lettered == 1
+    stored = await row(db, event_id)
+    assert stored["status"] == "dead_letter" and stored["max_attempts"] == 10
+    assert "max attempts reached (2/2)" in stored["dead_letter_reason"]

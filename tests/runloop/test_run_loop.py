@@ -139,3 +139,29 @@ async def test_build_dispatcher_wires_the_settings(db, registry, clock):
     expected = PostgresAdvisoryLock if db.dialect.name == "postgresql" else LeaseLock
     assert isinstance(dispatcher.lock_provider, expected)
     assert build_dispatcher(db, registry, fast()).lock_provider is None
+
+
+async def test_waits_after_a_round_that_moved_nothing_on(db, registry):
+    """A broker outage hands rows back every round: the loop must not spin on them."""
+    from engine.dispatcher import ExternalPublishResult
+
+    class DownBroker:
+        calls = 0
+
+        async def publish(self, envelopes):
+            DownBroker.calls += 1
+            first, *rest = envelopes
+            return ExternalPublishResult(
+                failed={first.event_id: "broker unavailable: connection refused"},
+                unattempted={e.event_id for e in rest},
+            )
+
+    await publish(db, registry, count=4)
+    settings = fast(idle_sleep_seconds=0.2, wakeup="off")
+    dispatcher = build_dispatcher(db, registry, settings, external_publisher=DownBroker())
+    started = time.monotonic()
+    summary = await run_dispatcher(dispatcher, settings=settings, max_iterations=3)
+    assert summary.claimed > 0 and summary.published == 0 and summary.dead_lettered == 0
+    assert summary.idle_waits == 2  # after rounds 1 and 2, not after the last
+    assert time.monotonic() - started >= 0.4
+    assert DownBroker.calls == 3

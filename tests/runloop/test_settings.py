@@ -21,7 +21,12 @@ def test_defaults_survive_a_short_outage():
     settings = load_settings()
     assert settings.database_url == "sqlite+aiosqlite:///./outbox.db"
     d = settings.dispatcher
-    assert (d.batch_size, d.idle_sleep_seconds, d.lease_seconds, d.max_attempts) == (100, 1, 30, 10)
+    assert (d.batch_size, d.idle_sleep_seconds, d.lease_seconds, d.max_attempts) == (
+        100,
+        1,
+        30,
+        None,
+    )
     assert (d.backoff_kind, d.backoff_base_seconds, d.backoff_max_seconds) == (
         "exponential",
         5,
