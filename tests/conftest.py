@@ -10,11 +10,15 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import asyncpg
 import pytest
 from sqlalchemy.engine import URL, make_url
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from engine import create_engine, create_schema
 
 PG_URL_ENV = "OUTBOX_TEST_PG_URL"
 AMQP_URL_ENV = "OUTBOX_TEST_AMQP_URL"
@@ -71,3 +75,33 @@ def amqp_url() -> str:
             f"{AMQP_URL_ENV} is not set: run the suite with `make test`, which starts RabbitMQ"
         )
     return url
+
+
+class FakeClock:
+    """A clock tests move by hand, so leases, backoff and retention are exact."""
+
+    def __init__(self, start: datetime | None = None) -> None:
+        self.now = start or datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+async def db(database_url: str) -> AsyncIterator[AsyncEngine]:
+    """An engine on a fresh database (SQLite and PostgreSQL) with the outbox schema."""
+    engine = create_engine(database_url)
+    await create_schema(engine)
+    try:
+        yield engine
+    finally:
+        await engine.dispose()
+

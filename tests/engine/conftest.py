@@ -1,45 +1,13 @@
-"""Engine fixtures: a real database with the outbox schema, a registry, a controllable clock."""
+"""Engine fixtures: a registry and helpers (``db`` and ``clock`` come from tests/conftest.py)."""
 
 from __future__ import annotations
-
-from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from engine import EventRegistry, EventSchemaSpec, TaskContext, create_engine, create_schema
+from engine import EventRegistry, EventSchemaSpec, TaskContext
 from engine.schema import outbox_events
-
-
-class FakeClock:
-    """A clock tests move by hand, so leases and backoff are exact."""
-
-    def __init__(self, start: datetime | None = None) -> None:
-        self.now = start or datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += timedelta(seconds=seconds)
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-async def db(database_url: str) -> AsyncIterator[AsyncEngine]:
-    engine = create_engine(database_url)
-    await create_schema(engine)
-    try:
-        yield engine
-    finally:
-        await engine.dispose()
-
 
 ORDER_PLACED = EventSchemaSpec(required={"order_id": str, "amount": int}, optional={"note": str})
 

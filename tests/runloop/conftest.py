@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
-from datetime import UTC, datetime, timedelta
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -16,8 +15,6 @@ from engine import (
     EventSchemaSpec,
     OutboxEventPublisher,
     TaskContext,
-    create_engine,
-    create_schema,
     unit_of_work,
 )
 from engine.publisher import OutboxEvent
@@ -25,34 +22,6 @@ from engine.schema import outbox_events, process_heartbeats
 from engine.settings import DispatcherSettings
 
 CTX = TaskContext(tenant_id="acme", actor_id="user-1", request_id="req-1")
-
-
-class FakeClock:
-    """A clock tests move by hand, so leases and retention cut-offs are exact."""
-
-    def __init__(self, start: datetime | None = None) -> None:
-        self.now = start or datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += timedelta(seconds=seconds)
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-async def db(database_url: str) -> AsyncIterator[AsyncEngine]:
-    engine = create_engine(database_url)
-    await create_schema(engine)
-    try:
-        yield engine
-    finally:
-        await engine.dispose()
 
 
 @pytest.fixture
