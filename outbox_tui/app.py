@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import aiosqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -31,6 +33,14 @@ from outbox_tui.screens.main import MainScreen
 from outbox_tui.widgets.overview import AgeThresholds
 
 PG_CONNECT_TIMEOUT_SECONDS = 5.0
+DB_CALL_GRACE_SECONDS = 3.0
+T = TypeVar("T")
+
+
+def _settled(task: asyncio.Task[Any]) -> None:
+    """Mark a database call's outcome as seen (its caller may have been cancelled)."""
+    if not task.cancelled():
+        task.exception()
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,10 +123,24 @@ class OutboxConsole(App[int]):
         self.operator = operator or default_operator()
         self.display_url = display_url or mask_url(config.database_url)
         self._quitting = False
+        self._db_calls: set[asyncio.Task[Any]] = set()
 
     @property
     def main(self) -> MainScreen:
         return self._main
+
+    def db(self, call: Coroutine[Any, Any, T]) -> Awaitable[T]:
+        """Run one database call so that cancelling the caller does not abandon it.
+
+        A worker cancelled mid-query (a newer refresh, the app quitting) would leave
+        the driver's thread answering a loop that may be gone; the call finishes as
+        its own task instead, and quitting waits briefly for such calls.
+        """
+        task = asyncio.ensure_future(call)
+        self._db_calls.add(task)
+        task.add_done_callback(_settled)
+        task.add_done_callback(self._db_calls.discard)
+        return asyncio.shield(task)
 
     def get_default_screen(self) -> MainScreen:
         self._main = MainScreen()
@@ -125,8 +149,6 @@ class OutboxConsole(App[int]):
     async def on_mount(self) -> None:
         if self.traffic is not None:
             await self.traffic.start()
-        if self.config.autostart_dispatch:
-            self.main.action_start_dispatch()
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
@@ -135,7 +157,9 @@ class OutboxConsole(App[int]):
     async def action_quit(self) -> None:
         if self.dispatch.running and not self._quitting:
             self._quitting = True
-            self.notify("Stopping the in-process dispatcher (its batch finishes first)…")
+            self.notify(
+                "Stopping the in-process dispatcher (its batch finishes first)…", markup=False
+            )
             self.main.dispatch_state = "stopping"
             self._stop_then_exit()
             return
@@ -151,6 +175,8 @@ class OutboxConsole(App[int]):
     async def on_unmount(self) -> None:
         with contextlib.suppress(Exception):
             await self.dispatch.stop()
+        if self._db_calls:
+            await asyncio.wait(self._db_calls, timeout=DB_CALL_GRACE_SECONDS)
         if self.traffic is not None:
             with contextlib.suppress(Exception):
                 await self.traffic.stop()

@@ -8,9 +8,14 @@ never a traceback.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
+
+from textual.logging import TextualHandler
 
 from engine.database import (
     DEFAULT_DATABASE_URL,
@@ -20,7 +25,7 @@ from engine.database import (
     parse_database_url,
 )
 from engine.errors import DatabaseUnavailableError, OutboxError, SchemaMissingError
-from outbox_tui.app import ConsoleConfig, console_engine, make_app
+from outbox_tui.app import ConsoleConfig, OutboxConsole, console_engine, make_app
 from outbox_tui.apps import load_registry
 from outbox_tui.demo import DEMO_APPS, DEMO_DATABASE_URL, DemoTraffic, prepare_demo_database
 
@@ -72,6 +77,62 @@ async def preflight(database_url: str) -> None:
         await engine.dispose()
 
 
+def prepare_console(
+    *,
+    database_url: str,
+    installed_apps: list[str],
+    amqp_url: str | None,
+    exchange: str | None,
+    refresh_seconds: float,
+    demo: bool,
+) -> OutboxConsole:
+    """Everything before the screen switches: apps, demo database, preflight, the app.
+
+    Raises a one-line ``OutboxError`` for anything the operator has to fix. Runs its
+    own event loop, so call it outside one (or in a thread).
+    """
+    traffic = None
+    if demo:
+        if not database_url or database_url == DEFAULT_DATABASE_URL:
+            database_url = DEMO_DATABASE_URL
+        installed_apps = list(dict.fromkeys([*DEMO_APPS, *installed_apps]))
+        registry = load_registry(installed_apps)
+        asyncio.run(prepare_demo_database(database_url, registry))
+        traffic = DemoTraffic(database_url, registry)
+    else:
+        registry = load_registry(installed_apps)
+    asyncio.run(preflight(database_url))
+    config = ConsoleConfig(
+        database_url=database_url,
+        installed_apps=tuple(installed_apps),
+        amqp_url=amqp_url,
+        exchange=exchange,
+        refresh_seconds=refresh_seconds,
+        autostart_dispatch=demo,
+    )
+    return make_app(config, registry=registry, traffic=traffic)
+
+
+@contextlib.contextmanager
+def logging_into_console() -> Iterator[None]:
+    """While the console owns the terminal, log records go to Textual, not to stderr.
+
+    A handler writing to the terminal (the CLI installs one) would tear the screen.
+    """
+    root = logging.getLogger()
+    saved = list(root.handlers)
+    for handler in saved:
+        root.removeHandler(handler)
+    root.addHandler(TextualHandler())
+    try:
+        yield
+    finally:
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+        for handler in saved:
+            root.addHandler(handler)
+
+
 def run_console(
     *,
     database_url: str,
@@ -85,29 +146,18 @@ def run_console(
     """Open the console; returns the exit status (1 with one line on stderr on failure)."""
     err = stderr or sys.stderr
     try:
-        traffic = None
-        if demo:
-            if not database_url or database_url == DEFAULT_DATABASE_URL:
-                database_url = DEMO_DATABASE_URL
-            installed_apps = list(dict.fromkeys([*DEMO_APPS, *installed_apps]))
-            registry = load_registry(installed_apps)
-            asyncio.run(prepare_demo_database(database_url, registry))
-            traffic = DemoTraffic(database_url, registry)
-        else:
-            registry = load_registry(installed_apps)
-        asyncio.run(preflight(database_url))
-        config = ConsoleConfig(
+        app = prepare_console(
             database_url=database_url,
-            installed_apps=tuple(installed_apps),
+            installed_apps=installed_apps,
             amqp_url=amqp_url,
             exchange=exchange,
             refresh_seconds=refresh_seconds,
-            autostart_dispatch=demo,
+            demo=demo,
         )
-        app = make_app(config, registry=registry, traffic=traffic)
     except OutboxError as exc:
         message = mask_secrets(" ".join(str(exc).split()), database_url, amqp_url or "")
         print(f"{PROG}: error: {message}", file=err)
         return 1
-    app.run()
+    with logging_into_console():
+        app.run()
     return app.return_code or 0

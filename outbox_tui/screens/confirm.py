@@ -9,6 +9,7 @@ from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
@@ -52,14 +53,14 @@ class ConfirmModal(ModalScreen[Confirmation | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="confirm-dialog", classes="dialog"):
-            yield Label(self.title_text, id="confirm-title", classes="dialog-title")
+            yield Label(Content(self.title_text), id="confirm-title", classes="dialog-title")
             yield Static(self.body, id="confirm-body")
             if self.ask_reason:
                 yield Label("Reason (optional)", classes="field-label")
                 yield Input(placeholder=self.reason_placeholder, id="reason", max_length=500)
             with Horizontal(classes="dialog-buttons"):
-                yield Button(f"{self.confirm_label}  [y]", id="confirm", variant="error")
-                yield Button("Cancel  [n]", id="cancel", variant="default")
+                yield Button(Content(f"{self.confirm_label}  [y]"), id="confirm", variant="error")
+                yield Button(Content("Cancel  [n]"), id="cancel", variant="default")
 
     def on_mount(self) -> None:
         self.query_one("#cancel", Button).focus()

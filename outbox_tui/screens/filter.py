@@ -9,6 +9,7 @@ from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.content import Content
 from textual.screen import ModalScreen
 from textual.suggester import SuggestFromList
 from textual.widgets import Button, Input, Label, Static
@@ -88,9 +89,9 @@ class FilterModal(ModalScreen[EventFilter | None]):
             yield Input(value=flt.aggregate_id or "", placeholder="any", id="filter-aggregate")
             yield Static("", id="filter-error")
             with Horizontal(classes="dialog-buttons"):
-                yield Button("Apply  [enter]", id="apply", variant="primary")
-                yield Button("Clear all  [ctrl+l]", id="clear")
-                yield Button("Cancel  [esc]", id="cancel")
+                yield Button(Content("Apply  [enter]"), id="apply", variant="primary")
+                yield Button(Content("Clear all  [ctrl+l]"), id="clear")
+                yield Button(Content("Cancel  [esc]"), id="cancel")
 
     def on_mount(self) -> None:
         first = "#filter-type" if self.dead_letters_only else "#filter-status"
@@ -107,7 +108,7 @@ class FilterModal(ModalScreen[EventFilter | None]):
                 else parse_statuses(self.query_one("#filter-status", Input).value)
             )
         except ValueError as exc:
-            self.query_one("#filter-error", Static).update(str(exc))
+            self.query_one("#filter-error", Static).update(Content(str(exc)))
             self.query_one("#filter-status", Input).focus()
             return
         self.dismiss(

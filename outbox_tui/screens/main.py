@@ -20,6 +20,8 @@ from textual import events, on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.content import Content
+from textual.notifications import SeverityLevel
 from textual.reactive import reactive
 from textual.screen import Screen
 from textual.timer import Timer
@@ -171,6 +173,8 @@ class MainScreen(Screen[None]):
         self._update_titles(None)
         self.query_one(EventTable).focus()
         self.poll_now()
+        if self.console_app.config.autostart_dispatch:
+            self.action_start_dispatch()
 
     # -- polling ------------------------------------------------------------------------
 
@@ -205,12 +209,17 @@ class MainScreen(Screen[None]):
     async def _poll(self, generation: int) -> None:
         view = self.view
         insights = self.console_app.insights
+        db = self.console_app.db
         timeout = self.console_app.config.poll_timeout_seconds
         try:
             async with asyncio.timeout(timeout):
-                snapshot = await insights.overview()
-                page = await insights.events_page(
-                    view.query_filter, limit=self.console_app.config.page_size, before=view.before
+                snapshot = await db(insights.overview())
+                page = await db(
+                    insights.events_page(
+                        view.query_filter,
+                        limit=self.console_app.config.page_size,
+                        before=view.before,
+                    )
                 )
         except TimeoutError:
             self.post_message(PollFailed(f"the database did not answer within {timeout:g}s"))
@@ -230,7 +239,7 @@ class MainScreen(Screen[None]):
     def _apply_poll(self, message: PollSucceeded) -> None:
         snap = message.snapshot
         if self.connection == "lost":
-            self.notify("The database answers again.", title="Reconnected", timeout=4)
+            self.say("The database answers again.", title="Reconnected", timeout=4)
         self.connection = "connected"
         self.failures = 0
         self._last_good = snap.taken_at
@@ -258,14 +267,8 @@ class MainScreen(Screen[None]):
         else:
             empty.display = True
             what = "dead letters" if self.mode == DEAD_LETTERS else "events"
-            empty.update(
-                f"No {what} match {view.describe()}."
-                + (
-                    " Press / to change the filter."
-                    if view.describe() not in ("all events", "all dead letters")
-                    else ""
-                )
-            )
+            hint = "" if view.describe().startswith("all ") else " Press / to change the filter."
+            empty.update(Content(f"No {what} match {view.describe()}.{hint}"))
         self._update_titles(page)
         self.refresh_bindings()
 
@@ -273,7 +276,9 @@ class MainScreen(Screen[None]):
         view = self.view
         box = self.query_one("#list", Vertical)
         name = "Dead letters" if self.mode == DEAD_LETTERS else "Events"
-        box.border_title = f"{name} · {view.describe()} · page {view.page_number}, newest first"
+        box.border_title = Content(
+            f"{name} · {view.describe()} · page {view.page_number}, newest first"
+        )
         if page is None:
             box.border_subtitle = ""
             return
@@ -282,7 +287,7 @@ class MainScreen(Screen[None]):
             hints.append("[ newer")
         if page.has_more:
             hints.append("] older")
-        box.border_subtitle = " · ".join([f"{len(page.events)} shown", *hints])
+        box.border_subtitle = Content(" · ".join([f"{len(page.events)} shown", *hints]))
 
     @on(PollFailed)
     def _poll_failed(self, message: PollFailed) -> None:
@@ -304,7 +309,7 @@ class MainScreen(Screen[None]):
             )
         )
         if first:
-            self.notify(message.error, title="Database problem", severity="error", timeout=6)
+            self.say(message.error, title="Database problem", severity="error", timeout=6)
 
     def watch_connection(self, connection: str) -> None:
         self.query_one(StatusBar).connection = connection
@@ -428,7 +433,7 @@ class MainScreen(Screen[None]):
     @work(exclusive=True, group="detail", exit_on_error=False)
     async def _load_detail(self, event_id: str) -> None:
         try:
-            detail = await self.console_app.insights.event_detail(event_id)
+            detail = await self.console_app.db(self.console_app.insights.event_detail(event_id))
         except OutboxError as exc:
             self.post_message(DetailLoaded(event_id, None, one_line(exc)))
         else:
@@ -466,7 +471,7 @@ class MainScreen(Screen[None]):
     def action_replay_matching(self) -> None:
         view = self.view
         if view.mode == EVENTS and view.filter.statuses and DEAD_LETTER not in view.filter.statuses:
-            self.notify(
+            self.say(
                 f"The filter ({view.describe()}) matches no dead letters: press d, or widen it.",
                 title="Nothing to replay",
                 severity="warning",
@@ -477,7 +482,7 @@ class MainScreen(Screen[None]):
     @work(exclusive=True, group="replay", exit_on_error=False)
     async def _prepare_replay(self, flt: EventFilter) -> None:
         try:
-            summary = await self.console_app.insights.match_summary(flt)
+            summary = await self.console_app.db(self.console_app.insights.match_summary(flt))
         except OutboxError as exc:
             self.post_message(ActionFailed("Replay", one_line(exc)))
             return
@@ -490,7 +495,7 @@ class MainScreen(Screen[None]):
         scope = replace(flt, statuses=()).describe()
         scope = "every dead letter" if scope == "all events" else f"matching {scope}"
         if message.total == 0:
-            self.notify(f"No dead letters ({scope}).", title="Nothing to replay")
+            self.say(f"No dead letters ({scope}).", title="Nothing to replay")
             return
         self.app.push_screen(
             ConfirmModal(
@@ -506,7 +511,7 @@ class MainScreen(Screen[None]):
         self, decision: Confirmation | None, ids: Sequence[str], flt: EventFilter | None
     ) -> None:
         if decision is None:
-            self.notify("Replay cancelled; nothing changed.", timeout=3)
+            self.say("Replay cancelled; nothing changed.", timeout=3)
             return
         self._replay(tuple(ids), flt, decision.reason)
 
@@ -517,16 +522,18 @@ class MainScreen(Screen[None]):
         console = self.console_app
         try:
             if flt is not None:
-                ids = tuple(await console.insights.matching_ids(flt))
+                ids = tuple(await console.db(console.insights.matching_ids(flt)))
             replayed = 0
             refused: dict[str, str] = {}
             for start in range(0, len(ids), REPLAY_CHUNK):
-                result = await replay_dead_letter(
-                    console.engine,
-                    ids[start : start + REPLAY_CHUNK],
-                    operator=console.operator,
-                    reason=reason,
-                    strict=False,
+                result = await console.db(
+                    replay_dead_letter(
+                        console.engine,
+                        ids[start : start + REPLAY_CHUNK],
+                        operator=console.operator,
+                        reason=reason,
+                        strict=False,
+                    )
                 )
                 replayed += len(result.replayed)
                 refused.update(result.refused)
@@ -538,20 +545,20 @@ class MainScreen(Screen[None]):
     @on(ReplayFinished)
     def _replay_finished(self, message: ReplayFinished) -> None:
         if message.error:
-            self.notify(message.error, title="Replay failed", severity="error", timeout=8)
+            self.say(message.error, title="Replay failed", severity="error", timeout=8)
             return
         noun = "dead letter" if message.replayed == 1 else "dead letters"
         text = f"{message.replayed:,} {noun} back to pending."
         if message.refused:
             why = next(iter(message.refused.values()))
-            self.notify(
+            self.say(
                 f"{text} {len(message.refused):,} refused ({why}).",
                 title="Replay partly done",
                 severity="warning",
                 timeout=8,
             )
         else:
-            self.notify(text, title="Replayed", timeout=5)
+            self.say(text, title="Replayed", timeout=5)
         self.poll_now()
 
     # -- dispatch -----------------------------------------------------------------------
@@ -560,7 +567,7 @@ class MainScreen(Screen[None]):
         control = self.console_app.dispatch
         reason = control.unavailable_reason()
         if reason:
-            self.notify(reason, title="Cannot start dispatch", severity="warning", timeout=10)
+            self.say(reason, title="Cannot start dispatch", severity="warning", timeout=10)
             return
         self.dispatch_state = "starting"
         self._start_dispatch()
@@ -615,11 +622,11 @@ class MainScreen(Screen[None]):
         self.dispatch_state = "running" if message.running else "stopped"
         if message.error:
             title = "Dispatch failed" if not message.running else "Dispatch"
-            self.notify(message.error, title=title, severity="error", timeout=10)
+            self.say(message.error, title=title, severity="error", timeout=10)
         elif message.running:
-            self.notify(message.note, title="Dispatch started", timeout=4)
+            self.say(message.note, title="Dispatch started", timeout=4)
         else:
-            self.notify(message.note or "stopped", title="Dispatch stopped", timeout=4)
+            self.say(message.note or "stopped", title="Dispatch stopped", timeout=4)
         self.poll_now()
 
     def watch_dispatch_state(self, state: str) -> None:
@@ -629,16 +636,27 @@ class MainScreen(Screen[None]):
 
     # -- errors and bindings ------------------------------------------------------------
 
+    def say(
+        self,
+        message: str,
+        *,
+        title: str = "",
+        severity: SeverityLevel = "information",
+        timeout: float = 5.0,
+    ) -> None:
+        """A toast; the text is shown as is (error messages are not markup)."""
+        self.notify(message, title=title, severity=severity, timeout=timeout, markup=False)
+
     @on(ActionFailed)
     def _action_failed(self, message: ActionFailed) -> None:
-        self.notify(message.error, title=f"{message.what} failed", severity="error", timeout=8)
+        self.say(message.error, title=f"{message.what} failed", severity="error", timeout=8)
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         """The one place an unexpected worker failure is turned into something visible."""
         if event.state != WorkerState.ERROR:
             return
         error = event.worker.error
-        self.notify(
+        self.say(
             f"{type(error).__name__}: {error}",
             title=f"Unexpected error in {event.worker.group}",
             severity="error",

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
+from textual.content import Content
 from textual.widgets import DataTable, Static
 
 from engine.insights import HeartbeatView
@@ -47,7 +48,7 @@ class DispatchersPanel(Vertical):
 
     def show(self, heartbeats: Sequence[HeartbeatView]) -> None:
         alive = sum(1 for hb in heartbeats if hb.state == "alive")
-        self.border_title = f"Dispatchers · {alive} alive of {len(heartbeats)}"
+        self.border_title = Content(f"Dispatchers · {alive} alive of {len(heartbeats)}")
         table = self.query_one(DataTable)
         table.clear()
         for hb in heartbeats:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -46,29 +47,80 @@ def _section(title: str) -> Rule:
     return Rule(Text(title, style="bold"), style="#444444", align="left")
 
 
-def _records(
-    rows: Sequence[Mapping[str, Any]], columns: Sequence[tuple[str, str]], now: datetime
-) -> RenderableType:
+def _status(value: Any) -> Text:
+    ok = value == "succeeded"
+    return Text(str(value), style="#87d787" if ok else ERROR)
+
+
+def _tries(value: Any) -> str:
+    return f"{value} {'try' if value == 1 else 'tries'}"
+
+
+def _compact(value: Any) -> str:
+    try:
+        return json.dumps(value, sort_keys=True, separators=(", ", ": "), default=str)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def _lines(rows: Sequence[Text]) -> RenderableType:
     if not rows:
         return Text("none", style=MUTED_STYLE)
-    table = Table(box=None, padding=(0, 1), show_edge=False, header_style=LABEL, expand=False)
-    for _key, label in columns:
-        table.add_column(label, overflow="fold")
-    for row in rows:
-        cells: list[RenderableType] = []
-        for key, _label in columns:
-            value = row.get(key)
-            if isinstance(value, datetime):
-                cells.append(Text(relative(value, now)))
-            elif key == "status":
-                ok = value == "succeeded"
-                cells.append(Text(str(value), style="#87d787" if ok else ERROR))
-            elif value is None or value == "":
-                cells.append(Text("—", style=MUTED_STYLE))
-            else:
-                cells.append(Text(one_line(value, 200)))
-        table.add_row(*cells)
-    return table
+    return Group(*rows)
+
+
+def _replay_lines(replays: Sequence[Mapping[str, Any]], now: datetime) -> RenderableType:
+    rows = []
+    for r in replays:
+        line = Text.assemble(
+            _when(r.get("replayed_at"), now), "  ", (str(r.get("operator")), "bold")
+        )
+        line.append(f": {r['reason']}" if r.get("reason") else ": (no reason given)")
+        cleared = r.get("cleared_dead_letter_reason")
+        line.append(
+            f"\n   after {_tries(r.get('previous_attempt_count'))}; cleared: "
+            f"{one_line(cleared, 300) if cleared else '—'}",
+            style=MUTED_STYLE,
+        )
+        rows.append(line)
+    return _lines(rows)
+
+
+def _run_lines(runs: Sequence[Mapping[str, Any]], now: datetime) -> RenderableType:
+    rows = []
+    for r in runs:
+        line = Text.assemble(
+            (str(r.get("handler_key")), "bold"),
+            "  ",
+            _status(r.get("status")),
+            f"  {_tries(r.get('attempt_count'))}  ",
+            (relative(r.get("updated_at"), now), MUTED_STYLE),
+        )
+        if r.get("last_error"):
+            line.append(f"\n   {one_line(r['last_error'], 300)}", style=ERROR)
+        rows.append(line)
+    return _lines(rows)
+
+
+def _effect_lines(effects: Sequence[Mapping[str, Any]], now: datetime) -> RenderableType:
+    rows = []
+    for e in effects:
+        line = Text.assemble(
+            (str(e.get("handler_key")), "bold"),
+            " → ",
+            (str(e.get("effect_key")), "bold"),
+            "  ",
+            _status(e.get("status")),
+            f"  {_tries(e.get('attempt_count'))}",
+        )
+        if e.get("last_error"):
+            line.append(f"\n   {one_line(e['last_error'], 300)}", style=ERROR)
+        elif e.get("response") is not None:
+            line.append(
+                f"\n   response {one_line(_compact(e['response']), 300)}", style=MUTED_STYLE
+            )
+        rows.append(line)
+    return _lines(rows)
 
 
 def render_detail(detail: EventDetail, now: datetime) -> RenderableType:
@@ -85,43 +137,40 @@ def render_detail(detail: EventDetail, now: datetime) -> RenderableType:
             ("created", _when(c.get("created_at"), now)),
         ]
     )
-    locked_until = c.get("locked_until")
-    lease_state = ""
-    if locked_until is not None:
-        lease_state = "  (expired)" if locked_until < now else "  (held)"
+    locked_by, locked_until = c.get("locked_by"), c.get("locked_until")
+    if locked_until is None:
+        lease = Text("not held", style=MUTED_STYLE)
+    else:
+        expired = locked_until < now
+        lease = Text.assemble(
+            str(locked_by or "?"),
+            " until ",
+            _when(locked_until, now),
+            ("  expired" if expired else "  held", "#ffaf5f" if expired else MUTED_STYLE),
+        )
+    replays = Text(str(c.get("replay_count") or 0))
+    if c.get("last_replayed_at") is not None:
+        replays.append("  last ")
+        replays.append_text(_when(c.get("last_replayed_at"), now))
     delivery = _grid(
         [
             ("attempts", Text(f"{c.get('attempt_count')} of {c.get('max_attempts')}")),
             ("next retry", _when(c.get("next_retry_at"), now)),
             ("published", _when(c.get("published_at"), now)),
-            ("replays", Text(str(c.get("replay_count") or 0))),
-            ("last replayed", _when(c.get("last_replayed_at"), now)),
-            ("locked by", Text(str(c.get("locked_by") or "—"))),
-            (
-                "locked until",
-                Text.assemble(_when(locked_until, now), (lease_state, "#ffaf5f")),
-            ),
+            ("replays", replays),
+            ("lease", lease),
             ("claim version", Text(str(c.get("claim_version")))),
         ]
     )
-    errors = _grid(
-        [
-            (
-                "last error",
-                Text(
-                    str(c.get("last_error") or "—"),
-                    style=ERROR if c.get("last_error") else MUTED_STYLE,
-                ),
-            ),
-            (
-                "dead-letter reason",
-                Text(
-                    str(c.get("dead_letter_reason") or "—"),
-                    style=ERROR if c.get("dead_letter_reason") else MUTED_STYLE,
-                ),
-            ),
-        ]
-    )
+    problems = [
+        (label, Text(str(c.get(key)), style=ERROR))
+        for key, label in (
+            ("last_error", "last error"),
+            ("dead_letter_reason", "dead-letter reason"),
+        )
+        if c.get(key)
+    ]
+    errors: RenderableType = _grid(problems) if problems else Text("none", style=MUTED_STYLE)
     payload: RenderableType
     if detail.payload_error:
         payload = Group(
@@ -137,45 +186,14 @@ def render_detail(detail: EventDetail, now: datetime) -> RenderableType:
         errors,
         _section("Delivery and lease"),
         delivery,
+        _section(f"Replay history ({len(detail.replays)})"),
+        _replay_lines(detail.replays, now),
+        _section(f"Handler runs ({len(detail.handler_runs)})"),
+        _run_lines(detail.handler_runs, now),
+        _section(f"Side effects ({len(detail.side_effects)})"),
+        _effect_lines(detail.side_effects, now),
         _section("Payload"),
         payload,
-        _section(f"Replay history ({len(detail.replays)})"),
-        _records(
-            detail.replays,
-            (
-                ("replayed_at", "when"),
-                ("operator", "operator"),
-                ("reason", "reason"),
-                ("previous_attempt_count", "attempts"),
-                ("cleared_dead_letter_reason", "cleared reason"),
-            ),
-            now,
-        ),
-        _section(f"Handler runs ({len(detail.handler_runs)})"),
-        _records(
-            detail.handler_runs,
-            (
-                ("handler_key", "handler"),
-                ("status", "status"),
-                ("attempt_count", "tries"),
-                ("updated_at", "when"),
-                ("last_error", "last error"),
-            ),
-            now,
-        ),
-        _section(f"Side effects ({len(detail.side_effects)})"),
-        _records(
-            detail.side_effects,
-            (
-                ("handler_key", "handler"),
-                ("effect_key", "effect"),
-                ("status", "status"),
-                ("attempt_count", "tries"),
-                ("response", "response"),
-                ("last_error", "last error"),
-            ),
-            now,
-        ),
     ]
     return Group(*parts)
 

@@ -24,7 +24,7 @@ def status_text(status: str) -> Text:
 
 
 def duration(seconds: float | None) -> str:
-    """``42s``, ``4m 12s``, ``3h 05m``, ``2d 4h``; an em dash for None."""
+    """``42s``, ``4m 12s``, ``5m``, ``3h 05m``, ``2d 4h``; an em dash for None."""
     if seconds is None:
         return "—"
     seconds = max(0, int(seconds))
@@ -32,12 +32,12 @@ def duration(seconds: float | None) -> str:
         return f"{seconds}s"
     minutes, secs = divmod(seconds, 60)
     if minutes < 60:
-        return f"{minutes}m {secs:02d}s"
+        return f"{minutes}m {secs:02d}s" if secs else f"{minutes}m"
     hours, minutes = divmod(minutes, 60)
     if hours < 24:
-        return f"{hours}h {minutes:02d}m"
+        return f"{hours}h {minutes:02d}m" if minutes else f"{hours}h"
     days, hours = divmod(hours, 24)
-    return f"{days}d {hours}h"
+    return f"{days}d {hours}h" if hours else f"{days}d"
 
 
 def age(moment: datetime | None, now: datetime) -> str:

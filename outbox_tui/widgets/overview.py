@@ -88,7 +88,7 @@ class OverviewPanel(Horizontal):
             yield Static("waiting for the first refresh…", id="health")
         with Vertical(id="throughput") as box:
             box.border_title = "published per refresh"
-            yield Static(sparkline([], 38), id="sparkline")
+            yield Static(sparkline([], 34), id="sparkline")
             yield Static("", id="throughput-summary")
 
     def show(self, snap: OverviewSnapshot, throughput: Sequence[int]) -> None:
@@ -100,6 +100,7 @@ class OverviewPanel(Horizontal):
             self.query_one(f"#tile-{status}", CountTile).show(snap.counts.get(status, 0), extra)
         oldest = snap.oldest_pending_age_seconds
         warn, critical = duration(self.thresholds.warn), duration(self.thresholds.critical)
+        stuck = snap.stuck_publishing
         health = Text.assemble(
             ("oldest pending ", MUTED),
             (
@@ -107,23 +108,20 @@ class OverviewPanel(Horizontal):
                 f"bold {self.thresholds.colour(oldest)}",
             ),
             (f" (warn {warn}, crit {critical})", MUTED),
-            ("   stuck in publishing, lease expired ", MUTED),
-            (count(snap.stuck_publishing), f"bold {CRIT if snap.stuck_publishing else OK}"),
-            ("   awaiting retention purge ", MUTED),
-            (
-                count(snap.awaiting_purge)
-                if snap.awaiting_purge is not None
-                else "n/a (retention off)",
-                "bold" if snap.awaiting_purge else MUTED,
-            ),
+            ("  ·  stuck publishing (lease expired) ", MUTED),
+            (count(stuck), f"bold {CRIT if stuck else OK}"),
+            ("  ·  awaiting purge ", MUTED),
             no_wrap=True,
             overflow="ellipsis",
         )
-        if snap.retention_seconds is not None:
-            health.append(f" (older than {duration(snap.retention_seconds)})", style=MUTED)
+        if snap.awaiting_purge is None:
+            health.append("n/a (retention off)", style=MUTED)
+        else:
+            health.append(count(snap.awaiting_purge), style="bold")
+            health.append(f" (retention {duration(snap.retention_seconds)})", style=MUTED)
         self.query_one("#health", Static).update(health)
         chart = self.query_one("#sparkline", Static)
-        chart.update(sparkline(throughput, max(8, chart.size.width or 38)))
+        chart.update(sparkline(throughput, max(8, chart.size.width or 34)))
         summary = self.query_one("#throughput-summary", Static)
         if not throughput:
             summary.update(Text("from the next refresh on", style=MUTED))

@@ -16,16 +16,18 @@ from __future__ import annotations
 import contextlib
 import random
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from unittest import mock
 
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
+from textual.pilot import Pilot
 
 from engine import BackoffPolicy, OutboxDispatcher, create_engine, create_schema, replay_dead_letter
 from engine.heartbeat import Heartbeat
+from engine.insights import EventSummary
 from engine.registry import EventRegistry
 from engine.schema import DEAD_LETTER, outbox_events
 from engine.settings import DispatcherSettings
@@ -34,9 +36,14 @@ from examples.orders import create_tables
 from examples.orders.traffic import generate_orders
 from outbox_tui.app import ConsoleConfig, OutboxConsole, make_app
 from outbox_tui.apps import load_registry
+from outbox_tui.screens.confirm import ConfirmModal
+from outbox_tui.widgets.event_detail import EventDetailPane
+from outbox_tui.widgets.event_table import EventTable
 
-T0 = datetime(2026, 3, 14, 9, 0, tzinfo=UTC)
-NOW = T0 + timedelta(minutes=15)
+NOW = datetime(2026, 3, 14, 9, 15, tzinfo=UTC)
+T0 = NOW - timedelta(minutes=15)  # the first order
+ORDERS = 60  # 72 events with the cancellations
+SPACING_SECONDS = 12
 SHOWCASE_URL = "sqlite+aiosqlite:///./showcase.db"  # relative: the header shows no tmp path
 SIZE = (160, 45)
 
@@ -90,7 +97,7 @@ async def build_showcase(database_url: str, clock: FixedClock | None = None) -> 
         await create_schema(engine)
         await create_tables(engine)
         with seeded_ids():
-            await generate_orders(engine, reg, 36, seed=7, cancel_every=5)
+            await generate_orders(engine, reg, ORDERS, seed=7, cancel_every=5)
         await _date_events(engine)
         clock.now = NOW - timedelta(minutes=4)
         worker = OutboxDispatcher(
@@ -108,7 +115,7 @@ async def build_showcase(database_url: str, clock: FixedClock | None = None) -> 
         await worker.dispatch_once()
         clock.advance(30)
         await _replay_one(engine, clock)
-        clock.advance(20)
+        clock.now = NOW - timedelta(seconds=8)
         async with engine.begin() as conn:  # a dispatcher that died holding one row
             await claim_batch(
                 conn,
@@ -130,7 +137,7 @@ async def _date_events(engine: AsyncEngine) -> None:
             await conn.execute(
                 update(outbox_events)
                 .where(outbox_events.c.id == event_id)
-                .values(created_at=T0 + timedelta(seconds=20 * index))
+                .values(created_at=T0 + timedelta(seconds=SPACING_SECONDS * index))
             )
 
 
@@ -155,15 +162,24 @@ async def _replay_one(engine: AsyncEngine, clock: FixedClock) -> None:
 
 async def _heartbeats(engine: AsyncEngine, clock: FixedClock) -> None:
     rows = (
-        ("orders-worker-1", "orders-1", 4242, -2, 1.0, {"published": 31, "failed": 6}),
-        ("orders-worker-2", "orders-2", 5150, -185, 1.0, {"published": 12, "claimed": 13}),
-        ("orders-worker-0", "orders-1", 3121, -3600, 0.0, {"published": 480}),
+        ("orders-worker-1", "orders-1", 4242, -2, 1.0, (41, 31, 7, 3)),
+        ("orders-worker-2", "orders-2", 5150, -185, 1.0, (13, 12, 0, 0)),
+        ("orders-worker-0", "orders-1", 3121, -3600, 0.0, (495, 480, 9, 6)),
     )
     for instance_id, host, pid, seen, running, totals in rows:
         beat_clock = FixedClock(clock() + timedelta(seconds=seen))
         heartbeat = Heartbeat(engine, instance_id, clock=beat_clock, host=host, pid=pid)
         heartbeat.started_at = clock() - timedelta(hours=2)
-        details = {"iterations": 1200 + pid % 97, "totals": {"claimed": 0, **totals}}
+        claimed, published, failed, dead = totals
+        details = {
+            "iterations": 1200 + pid % 97,
+            "totals": {
+                "claimed": claimed,
+                "published": published,
+                "failed": failed,
+                "dead_lettered": dead,
+            },
+        }
         if running:
             await heartbeat.beat(details, force=True)
         else:
@@ -176,7 +192,108 @@ def showcase_app(clock: FixedClock | None = None, **config: object) -> OutboxCon
         ConsoleConfig(SHOWCASE_URL, refresh_seconds=3600, **config),  # type: ignore[arg-type]
         registry=registry(),
         clock=clock or FixedClock(),
-        dispatch_settings=DispatcherSettings(retention_seconds=300),
+        dispatch_settings=DispatcherSettings(retention_seconds=180),
         instance_id="console:showcase",
         operator="alice",
     )
+
+
+# -- scenes: the same key presses for snapshot tests and for scripts/screenshots.py --------
+
+
+async def _wait(pilot: Pilot[object], predicate: Callable[[], object], what: str) -> None:
+    for _ in range(500):
+        if predicate():
+            return
+        await pilot.pause(0.02)
+    raise AssertionError(f"showcase: timed out waiting for {what}")
+
+
+async def _refreshed(pilot: Pilot[object]) -> None:
+    app: OutboxConsole = pilot.app  # type: ignore[assignment]
+    before = app.main.refreshes
+    app.main.poll_now()
+    await _wait(pilot, lambda: app.main.refreshes > before, "a refresh")
+
+
+async def _first_refresh(pilot: Pilot[object]) -> OutboxConsole:
+    app: OutboxConsole = pilot.app  # type: ignore[assignment]
+    await _wait(pilot, lambda: app.main.refreshes > 0, "the first refresh")
+    return app
+
+
+async def warm_up(pilot: Pilot[object], clock: FixedClock, refreshes: int = 20) -> None:
+    """Refresh while a fixed-clock dispatcher works, a second apart: a real sparkline.
+
+    A last refresh five seconds later finds the row ``orders-worker-2`` holds with an
+    expired lease (claimed eight seconds before NOW for thirty).
+    """
+    await _first_refresh(pilot)
+    engine = create_engine(SHOWCASE_URL)
+    worker = OutboxDispatcher(
+        engine,
+        registry(),
+        dispatcher_id="orders-worker-1",
+        batch_size=1,
+        backoff=BackoffPolicy(base_seconds=120, max_seconds=900),
+        clock=clock,
+    )
+    pattern = (1, 0, 2, 1, 0, 1, 3, 1, 0, 2, 1, 1, 0, 2, 1, 0, 1, 2, 1, 1)
+    try:
+        for index in range(refreshes):
+            clock.advance(1)
+            for _ in range(pattern[index % len(pattern)]):
+                await worker.dispatch_once()
+            await _refreshed(pilot)
+    finally:
+        await engine.dispose()
+    clock.advance(5)
+    await _refreshed(pilot)
+
+
+async def _detail_of(pilot: Pilot[object], pick: Callable[[EventSummary], bool]) -> None:
+    app: OutboxConsole = pilot.app  # type: ignore[assignment]
+    table = app.main.query_one(EventTable)
+    row = next(i for i, event in enumerate(table.events) if pick(event))
+    await pilot.press(*["down"] * row, "enter")
+    pane = app.main.query_one(EventDetailPane)
+    wanted = table.events[row].id
+    await _wait(pilot, lambda: pane.event_id == wanted, "the detail")
+
+
+async def scene_overview(pilot: Pilot[object], clock: FixedClock) -> None:
+    await warm_up(pilot, clock)
+
+
+async def scene_event_detail(pilot: Pilot[object], clock: FixedClock) -> None:
+    await warm_up(pilot, clock, refreshes=6)
+    await _detail_of(pilot, lambda e: e.status == "failed")
+
+
+async def scene_dead_letters(pilot: Pilot[object], clock: FixedClock) -> None:
+    app = await _first_refresh(pilot)
+    await pilot.press("d")
+    await _wait(pilot, lambda: app.main.query_one(EventTable).mode == "dead_letters", "d")
+    await _detail_of(pilot, lambda e: e.replay_count > 0)
+
+
+async def scene_confirm_replay(pilot: Pilot[object], clock: FixedClock) -> None:
+    app = await _first_refresh(pilot)
+    await pilot.press("d")
+    await _wait(pilot, lambda: app.main.query_one(EventTable).mode == "dead_letters", "d")
+    await pilot.press("R")
+    await _wait(pilot, lambda: isinstance(app.screen, ConfirmModal), "the dialog")
+
+
+async def scene_help(pilot: Pilot[object], clock: FixedClock) -> None:
+    await _first_refresh(pilot)
+    await pilot.press("question_mark")
+
+
+SCENES: dict[str, Callable[[Pilot[object], FixedClock], Awaitable[None]]] = {
+    "overview": scene_overview,
+    "events-detail": scene_event_detail,
+    "dead-letters": scene_dead_letters,
+    "confirm-replay": scene_confirm_replay,
+    "help": scene_help,
+}

@@ -50,17 +50,17 @@ async def test_overview_and_views_switch_with_e_and_d(seeded_url, orders_registr
         assert len(table_ids(app)) == sum(snap.counts.values())
 
 
-async def test_keyset_pages_with_brackets(seeded_url, orders_registry):
-    app = console(seeded_url, orders_registry, page_size=10)
+async def test_keyset_pages_with_brackets(sqlite_seeded, orders_registry):
+    app = console(sqlite_seeded, orders_registry, page_size=10)
     async with app.run_test(size=SIZE) as pilot:
         await started(pilot)
         first = table_ids(app)
-        assert first == await expected_ids(seeded_url, limit=10)
+        assert first == await expected_ids(sqlite_seeded, limit=10)
         await pilot.press("left_square_bracket")  # no newer page: nothing happens
         await pilot.press("right_square_bracket")
         await until(pilot, lambda: table_ids(app) != first, "the older page")
         second = table_ids(app)
-        assert second == await expected_ids(seeded_url, limit=10, before=first[-1])
+        assert second == await expected_ids(sqlite_seeded, limit=10, before=first[-1])
         assert app.main.view.page_number == 2
         await pilot.press("right_square_bracket")
         await until(pilot, lambda: app.main.view.page_number == 3, "the third page")
@@ -70,8 +70,8 @@ async def test_keyset_pages_with_brackets(seeded_url, orders_registry):
         await until(pilot, lambda: table_ids(app) == first, "back to the newest page")
 
 
-async def test_enter_opens_detail_that_follows_the_cursor(seeded_url, orders_registry):
-    app = console(seeded_url, orders_registry)
+async def test_enter_opens_detail_that_follows_the_cursor(sqlite_seeded, orders_registry):
+    app = console(sqlite_seeded, orders_registry)
     async with app.run_test(size=SIZE) as pilot:
         await started(pilot)
         pane = app.main.query_one(EventDetailPane)
@@ -89,9 +89,9 @@ async def test_enter_opens_detail_that_follows_the_cursor(seeded_url, orders_reg
 
 
 async def test_dead_letter_detail_shows_reason_payload_and_handler_runs(
-    seeded_url, orders_registry
+    sqlite_seeded, orders_registry
 ):
-    app = console(seeded_url, orders_registry)
+    app = console(sqlite_seeded, orders_registry)
     async with app.run_test(size=SIZE) as pilot:
         await started(pilot)
         await pilot.press("d")
@@ -111,22 +111,23 @@ async def test_dead_letter_detail_shows_reason_payload_and_handler_runs(
             '"amount"',
             "orders.reserve_stock",
             "claim version",
-            "locked until",
+            "lease",
             "trace id",
+            "Handler runs (1)",
         ):
             assert expected in text, expected
 
 
-async def test_refresh_picks_up_new_rows_and_keeps_the_cursor(seeded_url, orders_registry):
+async def test_refresh_picks_up_new_rows_and_keeps_the_cursor(sqlite_seeded, orders_registry):
     from examples.orders.traffic import generate_orders
 
-    app = console(seeded_url, orders_registry)
+    app = console(sqlite_seeded, orders_registry)
     async with app.run_test(size=SIZE) as pilot:
         await started(pilot)
         await pilot.press("down", "down")
         table = app.main.query_one(EventTable)
         kept = table.highlighted.id
-        engine = create_engine(seeded_url)
+        engine = create_engine(sqlite_seeded)
         try:
             await generate_orders(engine, orders_registry, 2, seed=99, cancel_every=0)
         finally:
@@ -137,8 +138,8 @@ async def test_refresh_picks_up_new_rows_and_keeps_the_cursor(seeded_url, orders
         assert table.highlighted.id == kept
 
 
-async def test_help_screen_and_command_palette(seeded_url, orders_registry):
-    app = console(seeded_url, orders_registry)
+async def test_help_screen_and_command_palette(sqlite_seeded, orders_registry):
+    app = console(sqlite_seeded, orders_registry)
     async with app.run_test(size=SIZE) as pilot:
         await started(pilot)
         await pilot.press("question_mark")
@@ -154,8 +155,8 @@ async def test_help_screen_and_command_palette(seeded_url, orders_registry):
         await until(pilot, lambda: app.main.mode == "dead_letters", "the palette command")
 
 
-async def test_polling_pauses_while_a_dialog_is_open(seeded_url, orders_registry):
-    app = console(seeded_url, orders_registry, refresh_seconds=0.15)
+async def test_polling_pauses_while_a_dialog_is_open(sqlite_seeded, orders_registry):
+    app = console(sqlite_seeded, orders_registry, refresh_seconds=0.15)
     async with app.run_test(size=SIZE) as pilot:
         await started(pilot)
         await until(pilot, lambda: app.main.refreshes >= 2, "timed refreshes")
@@ -167,8 +168,8 @@ async def test_polling_pauses_while_a_dialog_is_open(seeded_url, orders_registry
         await until(pilot, lambda: app.main.refreshes > paused_at + 1, "polling to resume")
 
 
-async def test_q_quits(seeded_url, orders_registry):
-    app = console(seeded_url, orders_registry)
+async def test_q_quits(sqlite_seeded, orders_registry):
+    app = console(sqlite_seeded, orders_registry)
     async with app.run_test(size=SIZE) as pilot:
         await started(pilot)
         await press_to_exit(pilot, "q")

@@ -1,0 +1,47 @@
+"""``outbox-tui --demo``: a fresh directory becomes a living console within seconds."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from engine.settings import DispatcherSettings
+from outbox_tui.console import prepare_console
+from outbox_tui.demo import DEMO_DATABASE_URL, HEAD_START_ORDERS
+
+from .conftest import SIZE, started, until
+
+
+async def test_demo_creates_its_database_and_comes_alive(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("OUTBOX_DISPATCHER__IDLE_SLEEP_SECONDS", "0.05")
+    app = await asyncio.to_thread(
+        prepare_console,
+        database_url="sqlite+aiosqlite:///./outbox.db",  # the CLI's default: the demo picks its own
+        installed_apps=[],
+        amqp_url=None,
+        exchange=None,
+        refresh_seconds=0.2,
+        demo=True,
+    )
+    assert app.config.database_url == DEMO_DATABASE_URL and app.config.autostart_dispatch
+    assert isinstance(app.dispatch.settings, DispatcherSettings)
+    files = await asyncio.to_thread(os.listdir, ".")
+    assert "outbox-demo.db" in files and "outbox.db" not in files
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot)
+        await until(pilot, lambda: app.main.dispatch_state == "running", "the demo dispatcher")
+        first = app.main.last_snapshot
+        assert sum(first.counts.values()) >= HEAD_START_ORDERS
+
+        def alive() -> bool:
+            snap = app.main.last_snapshot
+            return (
+                snap.counts["published"] > first.counts["published"]
+                and snap.counts["dead_letter"] > 0
+                and sum(snap.counts.values()) > sum(first.counts.values())  # traffic arrives
+                and any(hb.state == "alive" for hb in snap.heartbeats)
+            )
+
+        await until(pilot, alive, "published rows, dead letters and new orders", seconds=10)
+        assert app.traffic is not None and app.traffic.placed >= 0

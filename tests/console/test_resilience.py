@@ -1,0 +1,156 @@
+"""The database goes away and comes back; start-up problems are one line, never a traceback."""
+
+from __future__ import annotations
+
+import io
+import os
+import sqlite3
+from pathlib import Path
+
+import asyncpg
+import pytest
+from sqlalchemy.engine import make_url
+
+from outbox_tui.console import run_console
+
+from .conftest import SIZE, console, started, until
+
+
+def banner_text(app) -> str:
+    return str(app.main.query_one("#banner").render())
+
+
+async def assert_lost_then_recovered(pilot, app, make_unreachable, make_reachable, expected):
+    """Break the database, see the banner and the retries, mend it, see it recover."""
+    await make_unreachable()
+    await until(pilot, lambda: app.main.connection == "lost", "the console to notice")
+    banner = app.main.query_one("#banner")
+    assert banner.has_class("-visible") and "Database problem" in banner_text(app)
+    await until(pilot, lambda: expected in banner_text(app), f"the banner to say {expected!r}")
+    assert "Retrying every" in banner_text(app)
+    failures = app.main.failures
+    await until(pilot, lambda: app.main.failures > failures, "the console to keep retrying")
+    assert app.is_running  # the interface never waited on the database
+    await pilot.press("d")  # and stays usable meanwhile
+    await make_reachable()
+    await until(pilot, lambda: app.main.connection == "connected", "recovery", seconds=8)
+    assert not banner.has_class("-visible")
+    assert any(n.title == "Reconnected" for n in app._notifications)
+    await until(pilot, lambda: app.main.mode == "dead_letters" and app.main.refreshes, "")
+
+
+async def test_sqlite_file_moved_away_and_back(sqlite_seeded, orders_registry):
+    path = Path(make_url(sqlite_seeded).database)
+    moved = [
+        (path.with_name(path.name + s), path.with_name("away" + s)) for s in ("", "-wal", "-shm")
+    ]
+
+    async def move_away() -> None:
+        for src, dst in moved:
+            if src.exists():
+                src.rename(dst)
+
+    async def move_back() -> None:
+        for src, dst in moved:
+            if dst.exists():
+                dst.rename(src)
+
+    app = console(sqlite_seeded, orders_registry, refresh_seconds=0.1)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot)
+        await assert_lost_then_recovered(
+            pilot, app, move_away, move_back, "unable to open database file"
+        )
+    assert os.stat(path).st_size > 0  # the real file is back, never replaced by an empty one
+
+
+@pytest.mark.postgresql
+async def test_postgresql_refusing_connections_then_accepting_again(pg_url, orders_registry):
+    from .conftest import seed
+
+    await seed(pg_url, orders_registry)
+    url = make_url(pg_url)
+    admin_url = url.set(database="postgres")
+
+    async def admin(sql: str) -> None:
+        conn = await asyncpg.connect(**admin_url.translate_connect_args(username="user"))
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    async def refuse() -> None:
+        await admin(f'ALTER DATABASE "{url.database}" WITH ALLOW_CONNECTIONS false')
+        await admin(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            f"WHERE datname = '{url.database}'"
+        )
+
+    async def accept() -> None:
+        await admin(f'ALTER DATABASE "{url.database}" WITH ALLOW_CONNECTIONS true')
+
+    app = console(pg_url, orders_registry, refresh_seconds=0.1)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot)
+        await assert_lost_then_recovered(
+            pilot, app, refuse, accept, "not currently accepting connections"
+        )
+
+
+# -- start-up ----------------------------------------------------------------------------
+
+
+def start(url: str, *apps: str) -> tuple[int, str]:
+    err = io.StringIO()
+    code = run_console(
+        database_url=url,
+        installed_apps=list(apps),
+        amqp_url=None,
+        exchange="outbox.events",
+        refresh_seconds=1.0,
+        demo=False,
+        stderr=err,
+    )
+    return code, err.getvalue()
+
+
+def assert_one_line(output: str) -> str:
+    assert output.startswith("outbox-tui: error: ") and output.count("\n") == 1, output
+    assert "Traceback" not in output
+    return output
+
+
+def test_bad_url_is_one_line():
+    code, out = start("mysql://root@localhost/outbox")
+    assert code == 1 and "unsupported database URL scheme 'mysql'" in assert_one_line(out)
+
+
+def test_missing_sqlite_file_says_how_to_create_it(tmp_path):
+    code, out = start(f"sqlite+aiosqlite:///{tmp_path}/nope.db")
+    assert code == 1 and "outbox-tui init-db" in assert_one_line(out)
+    assert "no SQLite database at" in out
+    assert not (tmp_path / "nope.db").exists()  # the check did not create it
+
+
+def test_missing_schema_says_init_db(tmp_path):
+    sqlite3.connect(tmp_path / "empty.db").close()
+    code, out = start(f"sqlite+aiosqlite:///{tmp_path}/empty.db")
+    assert code == 1 and "outbox tables are missing" in assert_one_line(out)
+    assert "`outbox-tui init-db --database-url sqlite+aiosqlite:///" in out
+
+
+def test_unreachable_server_is_one_line_without_the_password():
+    code, out = start("postgresql+asyncpg://outbox:s3cret@127.0.0.1:1/outbox")
+    assert code == 1 and "cannot reach the database" in assert_one_line(out)
+    assert "s3cret" not in out and "***" in out
+
+
+def test_broken_installed_app_is_one_line(sqlite_url):
+    code, out = start(sqlite_url, "no_such_module_here")
+    assert code == 1 and "cannot import installed app 'no_such_module_here'" in assert_one_line(out)
+
+
+def test_no_traceback_reaches_the_terminal_for_a_directory_path(tmp_path):
+    os.mkdir(tmp_path / "adir.db")
+    code, out = start(f"sqlite+aiosqlite:///{tmp_path}/adir.db")
+    assert code == 1 and assert_one_line(out)

@@ -1,0 +1,37 @@
+"""What the console looks like, on deterministic data with a fixed clock (pytest-textual-snapshot).
+
+Each scene runs on its own copy of the showcase database, opened through a relative URL
+from the test's working directory, so no temporary path, host or pid reaches the image.
+Update with ``--snapshot-update`` and look at the SVGs before committing them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import pytest
+
+from .showcase import SCENES, SIZE, FixedClock, build_showcase, showcase_app
+
+
+@pytest.fixture(scope="module")
+def showcase_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    where = tmp_path_factory.mktemp("showcase")
+    url = f"sqlite+aiosqlite:///{where}/showcase.db"
+    asyncio.run(build_showcase(url))
+    return where / "showcase.db"
+
+
+@pytest.mark.parametrize("scene", list(SCENES))
+def test_console_looks_right(scene, showcase_db, tmp_path, monkeypatch, snap_compare):
+    shutil.copy(showcase_db, tmp_path / "showcase.db")
+    monkeypatch.chdir(tmp_path)
+    clock = FixedClock()
+    app = showcase_app(clock)
+
+    async def run_before(pilot) -> None:
+        await SCENES[scene](pilot, clock)
+
+    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
