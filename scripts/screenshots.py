@@ -1,0 +1,77 @@
+"""Regenerate the console's screenshots (``make screenshots``) into ``screenshots/``.
+
+The real app from ``make_app`` runs headless on the deterministic showcase
+database (example orders from a fixed seed, a fixed clock) and goes through the
+same scenes as the snapshot tests: overview, events with detail, dead letters,
+the replay confirmation and help. Each scene gets a fresh copy of the database.
+
+    .venv/bin/python scripts/screenshots.py [--out DIR] [--size 160x45]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.console.showcase import (  # noqa: E402 - after the path set-up above
+    SCENES,
+    SIZE,
+    FixedClock,
+    build_showcase,
+    showcase_app,
+)
+
+NAMES = {
+    "overview": "overview.svg",
+    "events-detail": "events-with-detail.svg",
+    "dead-letters": "dead-letters.svg",
+    "confirm-replay": "confirm-replay.svg",
+    "help": "help.svg",
+}
+
+
+async def shoot(scene: str, out: Path, size: tuple[int, int]) -> Path:
+    clock = FixedClock()
+    app = showcase_app(clock)
+    async with app.run_test(size=size) as pilot:
+        await SCENES[scene](pilot, clock)
+        await pilot.pause()
+        await pilot.wait_for_scheduled_animations()
+        return Path(app.save_screenshot(NAMES[scene], path=str(out)))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "screenshots")
+    parser.add_argument("--size", default=f"{SIZE[0]}x{SIZE[1]}", help="COLUMNSxROWS")
+    args = parser.parse_args()
+    logging.getLogger("engine").setLevel(logging.ERROR)  # the showcase fails on purpose
+    width, height = (int(n) for n in args.size.lower().split("x"))
+    out: Path = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="outbox-screenshots-") as tmp:
+        master = Path(tmp) / "master"
+        master.mkdir()
+        asyncio.run(build_showcase(f"sqlite+aiosqlite:///{master}/showcase.db"))
+        for scene in SCENES:
+            work = Path(tmp) / scene
+            work.mkdir()
+            shutil.copy(master / "showcase.db", work / "showcase.db")
+            os.chdir(work)  # the app opens ./showcase.db: no temporary path in the header
+            path = asyncio.run(shoot(scene, out, (width, height)))
+            print(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
+        os.chdir(ROOT)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
