@@ -24,6 +24,15 @@ class PollSucceeded(Message):
         self.generation = generation  # which view state asked (stale answers are dropped)
 
 
+class PageLoaded(Message):
+    """A page of events for a view that just changed (filter, view, paging)."""
+
+    def __init__(self, page: EventPage, generation: int) -> None:
+        super().__init__()
+        self.page = page
+        self.generation = generation
+
+
 class PollFailed(Message):
     """A refresh failed: the database is unreachable, the schema went away, a timeout."""
 

@@ -37,6 +37,7 @@ from outbox_tui.messages import (
     ActionFailed,
     DetailLoaded,
     DispatchChanged,
+    PageLoaded,
     PollFailed,
     PollSucceeded,
     ReplayFinished,
@@ -135,6 +136,7 @@ class MainScreen(Screen[None]):
         super().__init__(id="main")
         self.views = {EVENTS: ViewState(EVENTS), DEAD_LETTERS: ViewState(DEAD_LETTERS)}
         self.refreshes = 0  # successful polls applied (tests wait on this)
+        self.pages = 0  # pages loaded by navigation (filter, view, paging)
         self.failures = 0  # consecutive failed polls
         self.last_snapshot: OverviewSnapshot | None = None
         self.throughput: deque[int] = deque(maxlen=THROUGHPUT_POINTS)
@@ -320,9 +322,32 @@ class MainScreen(Screen[None]):
     # -- views, paging, filter ----------------------------------------------------------
 
     def _view_changed(self) -> None:
+        """Filter, view or page changed: load just that page now (the counts can wait)."""
         self._generation += 1
         self._update_titles(None)
-        self.poll_now()
+        self._load_page(self._generation)
+
+    @work(exclusive=True, group="page", exit_on_error=False)
+    async def _load_page(self, generation: int) -> None:
+        view, console = self.view, self.console_app
+        try:
+            page = await console.db(
+                console.insights.events_page(
+                    view.query_filter, limit=console.config.page_size, before=view.before
+                )
+            )
+        except OutboxError as exc:
+            self.post_message(PollFailed(one_line(exc)))
+        else:
+            self.post_message(PageLoaded(page, generation))
+
+    @on(PageLoaded)
+    def _page_loaded(self, message: PageLoaded) -> None:
+        if message.generation != self._generation:
+            return  # the operator moved on; a newer load is on its way
+        snap = self.last_snapshot
+        self._show_page(message.page, snap.taken_at if snap else self.console_app.clock())
+        self.pages += 1
 
     def action_show_events(self) -> None:
         self._switch(EVENTS)

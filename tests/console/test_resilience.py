@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from outbox_tui.console import run_console
+from outbox_tui.widgets.event_table import EventTable
 
 from .conftest import SIZE, console, started, until
 
@@ -36,7 +37,8 @@ async def assert_lost_then_recovered(pilot, app, make_unreachable, make_reachabl
     await until(pilot, lambda: app.main.connection == "connected", "recovery", seconds=8)
     assert not banner.has_class("-visible")
     assert any(n.title == "Reconnected" for n in app._notifications)
-    await until(pilot, lambda: app.main.mode == "dead_letters" and app.main.refreshes, "")
+    table = app.main.query_one(EventTable)
+    await until(pilot, lambda: table.mode == "dead_letters", "the view chosen while it was down")
 
 
 async def test_sqlite_file_moved_away_and_back(sqlite_seeded, orders_registry):
