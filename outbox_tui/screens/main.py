@@ -262,7 +262,7 @@ class MainScreen(Screen[None]):
         view = self.view
         view.has_more = page.has_more
         table = self.query_one(EventTable)
-        table.show(self.mode, page.events, now)
+        table.show(self.mode, page.events, now, follow_head=not self.detail_open)
         empty = self.query_one("#empty-list", Static)
         if page.events:
             empty.display = False

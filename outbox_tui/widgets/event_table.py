@@ -68,10 +68,23 @@ class EventTable(DataTable[Text | str]):
         key = self.coordinate_to_cell_key((self.cursor_row, 0)).row_key.value
         return self._events.get(key or "")
 
-    def show(self, mode: str, events: Sequence[EventSummary], now: datetime) -> None:
-        """Replace the rows, keeping the cursor on the same event when it is still listed."""
+    def show(
+        self,
+        mode: str,
+        events: Sequence[EventSummary],
+        now: datetime,
+        *,
+        follow_head: bool = True,
+    ) -> None:
+        """Replace the rows, keeping the cursor on the same event when it is still listed.
+
+        With ``follow_head`` a cursor on the first row stays on the first row, so new
+        events arrive under it (like ``tail -f``); anywhere else, or while the operator
+        reads a detail, it stays on the event it was on.
+        """
         current = self.highlighted
-        keep = current.id if current else None
+        following = follow_head and self.cursor_row == 0
+        keep = current.id if current and not following else None
         row_before, offset = self.cursor_row, self.cursor_row - round(self.scroll_y)
         if mode != self.mode:
             self.clear(columns=True)

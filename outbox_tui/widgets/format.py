@@ -47,12 +47,14 @@ def age(moment: datetime | None, now: datetime) -> str:
 
 
 def relative(moment: datetime | None, now: datetime) -> str:
-    """``in 12s`` for the future, ``5s ago`` for the past, an em dash for None."""
+    """``in 12s`` for the future, ``5s ago`` for the past, ``now``; an em dash for None."""
     if moment is None:
         return "—"
     delta = (moment - now).total_seconds()
-    if delta >= 0.5:
+    if delta >= 1:
         return f"in {duration(delta)}"
+    if delta > -1:
+        return "now"
     return f"{duration(-delta)} ago"
 
 

@@ -127,6 +127,7 @@ async def test_refresh_picks_up_new_rows_and_keeps_the_cursor(sqlite_seeded, ord
         await pilot.press("down", "down")
         table = app.main.query_one(EventTable)
         kept = table.highlighted.id
+        expected_before = table_ids(app)
         engine = create_engine(sqlite_seeded)
         try:
             await generate_orders(engine, orders_registry, 2, seed=99, cancel_every=0)
@@ -135,7 +136,17 @@ async def test_refresh_picks_up_new_rows_and_keeps_the_cursor(sqlite_seeded, ord
         total_before = len(table_ids(app))
         await refreshed(pilot)
         assert len(table_ids(app)) == total_before + 2
-        assert table.highlighted.id == kept
+        assert table.highlighted.id == kept  # the operator's row, not the same position
+
+        await pilot.press("home")  # on the first row the cursor follows the newest event
+        engine = create_engine(sqlite_seeded)
+        try:
+            await generate_orders(engine, orders_registry, 1, seed=98, cancel_every=0)
+        finally:
+            await engine.dispose()
+        await refreshed(pilot)
+        assert table.cursor_row == 0 and table.highlighted.id == table_ids(app)[0]
+        assert table.highlighted.id not in (kept, *expected_before)
 
 
 async def test_help_screen_and_command_palette(sqlite_seeded, orders_registry):
