@@ -121,8 +121,11 @@ class DispatchControl:
             if self.amqp_url:
                 from engine.relay.rabbitmq import RabbitMqOutboxPublisher
 
-                kwargs = {"exchange": self.exchange} if self.exchange else {}
-                publisher = RabbitMqOutboxPublisher(self.amqp_url, **kwargs)
+                publisher = (
+                    RabbitMqOutboxPublisher(self.amqp_url, exchange=self.exchange)
+                    if self.exchange
+                    else RabbitMqOutboxPublisher(self.amqp_url)
+                )
                 await publisher.connect()
             dispatcher = build_dispatcher(
                 engine,

@@ -52,18 +52,11 @@ class DetailLoaded(Message):
 
 
 class ReplayPrepared(Message):
-    """What a replay would touch, counted before the operator confirms it."""
+    """How many dead letters a bulk replay would touch, by type, before anyone confirms."""
 
-    def __init__(
-        self,
-        flt: EventFilter | None,
-        event_ids: tuple[str, ...],
-        total: int,
-        by_type: Mapping[str, int],
-    ) -> None:
+    def __init__(self, flt: EventFilter, total: int, by_type: Mapping[str, int]) -> None:
         super().__init__()
-        self.filter = flt  # None: exactly ``event_ids``; else every dead letter it matches
-        self.event_ids = event_ids
+        self.filter = flt
         self.total = total
         self.by_type = by_type
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual import events, on, work
@@ -21,6 +21,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.content import Content
+from textual.coordinate import Coordinate
 from textual.notifications import SeverityLevel
 from textual.reactive import reactive
 from textual.screen import Screen
@@ -49,7 +50,7 @@ from outbox_tui.screens.palette import ConsoleCommands
 from outbox_tui.widgets.dispatchers import DispatchersPanel
 from outbox_tui.widgets.event_detail import EventDetailPane
 from outbox_tui.widgets.event_table import EventTable
-from outbox_tui.widgets.format import count, one_line, short_id, timestamp
+from outbox_tui.widgets.format import one_line, short_id, timestamp
 from outbox_tui.widgets.overview import OverviewPanel
 from outbox_tui.widgets.status_bar import StatusBar
 
@@ -91,7 +92,7 @@ class ViewState:
         return self.filter.describe()
 
 
-def replay_body(total: int, by_type: dict[str, int] | Any, scope: str) -> Text:
+def replay_body(total: int, by_type: Mapping[str, int], scope: str) -> Text:
     """``Replay 3 dead letters …`` with one line per event type."""
     noun = "dead letter" if total == 1 else "dead letters"
     text = Text.assemble("Replay ", (f"{total:,} {noun}", "bold"), f" ({scope}):\n")
@@ -366,7 +367,7 @@ class MainScreen(Screen[None]):
         table = self.query_one(EventTable)
         if not self.view.has_more or table.row_count == 0:
             return
-        last = table.coordinate_to_cell_key((table.row_count - 1, 0)).row_key.value
+        last = table.coordinate_to_cell_key(Coordinate(table.row_count - 1, 0)).row_key.value
         self.view.cursors.append(last)
         self.view.has_more = False
         self._view_changed()
@@ -511,12 +512,11 @@ class MainScreen(Screen[None]):
         except OutboxError as exc:
             self.post_message(ActionFailed("Replay", one_line(exc)))
             return
-        self.post_message(ReplayPrepared(flt, (), summary.total, dict(summary.by_type)))
+        self.post_message(ReplayPrepared(flt, summary.total, dict(summary.by_type)))
 
     @on(ReplayPrepared)
     def _replay_prepared(self, message: ReplayPrepared) -> None:
         flt = message.filter
-        assert flt is not None
         scope = replace(flt, statuses=()).describe()
         scope = "every dead letter" if scope == "all events" else f"matching {scope}"
         if message.total == 0:
@@ -718,10 +718,3 @@ class MainScreen(Screen[None]):
             return self.query_one(EventTable).highlighted
         except Exception:  # before compose
             return None
-
-    def counts_line(self) -> str:
-        """The counts as text (for logs and tests)."""
-        snap = self.last_snapshot
-        if snap is None:
-            return ""
-        return " ".join(f"{k}={count(v)}" for k, v in snap.counts.items())

@@ -7,6 +7,7 @@ from datetime import datetime
 
 from rich.text import Text
 from textual.binding import Binding
+from textual.coordinate import Coordinate
 from textual.widgets import DataTable
 
 from engine.insights import EventSummary
@@ -65,7 +66,7 @@ class EventTable(DataTable[Text | str]):
     def highlighted(self) -> EventSummary | None:
         if not self._events or self.cursor_row < 0 or self.cursor_row >= self.row_count:
             return None
-        key = self.coordinate_to_cell_key((self.cursor_row, 0)).row_key.value
+        key = self.coordinate_to_cell_key(Coordinate(self.cursor_row, 0)).row_key.value
         return self._events.get(key or "")
 
     def show(
