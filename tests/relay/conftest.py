@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from engine import EventRegistry, OutboxEventPublisher, TaskContext, unit_of_work
 from engine.publisher import OutboxEvent
 from engine.relay import RabbitMqOutboxPublisher
-from tests.engine.conftest import clock, db, registry  # noqa: F401 - shared fixtures
+from tests.engine.conftest import registry  # noqa: F401 - shared fixture
 
 RMQCTL_ENV = "OUTBOX_TEST_RMQCTL"
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
