@@ -22,11 +22,15 @@ async def generate_orders(
     *,
     seed: int = 7,
     cancel_every: int = 5,
+    start: int = 0,
 ) -> list[str]:
-    """Place ``count`` orders (and cancel every n-th), deterministically from ``seed``."""
+    """Place ``count`` orders (and cancel every n-th), deterministically from ``seed``.
+
+    ``start`` numbers the orders on from an earlier call, so tenants keep rotating.
+    """
     rng = random.Random(seed)
     placed = []
-    for i in range(count):
+    for i in range(start, start + count):
         tenant = TENANTS[i % len(TENANTS)]
         context = TaskContext(
             tenant_id=tenant,
@@ -54,7 +58,7 @@ async def trickle(
     total = 0
     batch = 0
     while not stop.is_set():
-        await generate_orders(engine, registry, 1, seed=seed + batch, cancel_every=0)
+        await generate_orders(engine, registry, 1, seed=seed + batch, cancel_every=0, start=batch)
         total += 1
         batch += 1
         with contextlib.suppress(TimeoutError):
