@@ -17,6 +17,7 @@ from engine.errors import EventValidationError, OutboxTransactionError
 from engine.registry import EventRegistry
 from engine.schema import outbox_events
 
+_INSERT = insert(outbox_events)
 _SESSION_CONTEXT = "outbox_task_context"
 _SESSION_REGISTRY = "outbox_registry"
 # Set once the session wrote outbox rows; commit hooks (engine.wakeup) read and clear it.
@@ -99,7 +100,8 @@ class OutboxEventPublisher:
         if not rows:
             return []
         try:
-            await self._session.execute(insert(outbox_events), rows)
+            # One row: a plain execute; several: one executemany round trip.
+            await self._session.execute(_INSERT, rows[0] if len(rows) == 1 else rows)
         except StatementError as exc:
             if isinstance(exc.orig, TypeError | ValueError):
                 raise EventValidationError(
