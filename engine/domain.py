@@ -16,9 +16,34 @@ from collections.abc import Mapping
 from datetime import date, datetime
 from typing import Any, ClassVar
 
+from sqlalchemy import event
+from sqlalchemy.orm import Session, object_session
+
 from engine.errors import DomainEventError
 
 DEFAULT_BUFFER_CAPACITY = 256
+_TRACKED = "outbox_aggregates"
+
+
+def _track(session: Session, aggregate: object) -> None:
+    """Hold a strong reference until commit.
+
+    SQLAlchemy's identity map holds unmodified objects weakly; an aggregate that
+    recorded an event but went out of scope in the caller must not be
+    garbage-collected (with its events) before the unit of work commits.
+    """
+    session.info.setdefault(_TRACKED, {})[id(aggregate)] = aggregate
+
+
+def tracked_aggregates(session: Session) -> list[Any]:
+    """Aggregates with recorded events that joined ``session`` (see ``_track``)."""
+    return list(session.info.get(_TRACKED, {}).values())
+
+
+@event.listens_for(Session, "after_attach")
+def _on_attach(session: Session, instance: object) -> None:
+    if has_pending_events(instance):
+        _track(session, instance)
 
 
 class DomainEventBuffer:
@@ -71,6 +96,9 @@ class AggregateRoot:
     def record_event(self, event: Any) -> None:
         """Record that ``event`` happened; it is published when the unit of work commits."""
         self._domain_event_buffer.add(event)
+        session = object_session(self)
+        if session is not None:
+            _track(session, self)
 
     @property
     def domain_events(self) -> tuple[Any, ...]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
@@ -12,7 +13,7 @@ from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from engine.context import TaskContext, _task_context
-from engine.domain import AggregateRoot, event_payload, has_pending_events
+from engine.domain import AggregateRoot, event_payload, has_pending_events, tracked_aggregates
 from engine.errors import DomainEventError, OutboxTransactionError
 from engine.publisher import _SESSION_CONTEXT, _SESSION_REGISTRY, OutboxEvent, OutboxEventPublisher
 from engine.registry import EventRegistry
@@ -22,6 +23,24 @@ from engine.registry import EventRegistry
 class _ActiveUnit:
     engine: AsyncEngine
     session: AsyncSession
+    task: asyncio.Task[Any] | None
+    open: bool = True
+    failed: bool = False
+
+    def joinable(self) -> bool:
+        """Only the task that opened a unit may join it, and only while it is open.
+
+        Context variables are copied into tasks created inside a unit; such a task
+        must get a unit of its own, never share (or outlive) this session.
+        """
+        return self.open and self.task is _current_task()
+
+
+def _current_task() -> asyncio.Task[Any] | None:
+    try:
+        return asyncio.current_task()
+    except RuntimeError:
+        return None
 
 
 _active_unit: ContextVar[_ActiveUnit | None] = ContextVar("outbox_unit_of_work", default=None)
@@ -36,31 +55,45 @@ async def unit_of_work(
 ) -> AsyncIterator[AsyncSession]:
     """Yield one ``AsyncSession`` in one transaction: commit on success, roll back on error.
 
-    A nested call on the same engine reuses the outer session and transaction.
+    A nested call on the same engine, in the same task, reuses the outer session
+    and transaction; if the nested block raises, the outer transaction is rolled
+    back even when the caller catches the error. A task started inside a unit of
+    work gets its own unit when it opens one.
     Before committing, events recorded by aggregates in the session become
     outbox rows in the same transaction; their buffers are cleared only after
     the commit succeeds.
     """
     outer = _active_unit.get()
-    if outer is not None:
+    if outer is not None and outer.joinable():
         if outer.engine is not engine and outer.engine.url != engine.url:
             raise OutboxTransactionError(
                 "a nested unit_of_work must use the same database as the outer one"
             )
-        yield outer.session
+        try:
+            yield outer.session
+        except BaseException:
+            outer.failed = True  # the whole transaction is doomed, even if the caller recovers
+            raise
         return
     session = AsyncSession(engine, expire_on_commit=False)
     session.info[_SESSION_REGISTRY] = registry
     session.info[_SESSION_CONTEXT] = context
-    unit_token = _active_unit.set(_ActiveUnit(engine, session))
+    unit = _ActiveUnit(engine, session, _current_task())
+    unit_token = _active_unit.set(unit)
     context_token = _task_context.set(context) if context is not None else None
     try:
         async with session.begin():
             yield session
+            if unit.failed:
+                raise OutboxTransactionError(
+                    "an inner unit_of_work failed, so the whole transaction was rolled back "
+                    "(its writes and events are not committed)"
+                )
             aggregates = await _write_domain_events(session, registry, context)
         for aggregate in aggregates:
             aggregate.clear_domain_events()
     finally:
+        unit.open = False
         if context_token is not None:
             _task_context.reset(context_token)
         _active_unit.reset(unit_token)
@@ -72,7 +105,8 @@ async def _write_domain_events(
 ) -> list[AggregateRoot]:
     sync = session.sync_session
     seen: dict[int, Any] = {}
-    for obj in (*sync.new, *sync.identity_map.values(), *sync.deleted):
+    candidates = (*sync.new, *sync.identity_map.values(), *sync.deleted, *tracked_aggregates(sync))
+    for obj in candidates:
         if has_pending_events(obj):
             seen[id(obj)] = obj
     aggregates: list[AggregateRoot] = list(seen.values())

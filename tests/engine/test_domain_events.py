@@ -133,3 +133,22 @@ def test_buffer_is_bounded():
         order.record_event(OrderShipped(order_id="o-5"))
     with pytest.raises(DomainEventError, match="buffer is full"):
         order.record_event(OrderShipped(order_id="o-5"))
+
+
+async def test_an_aggregate_that_went_out_of_scope_still_emits_its_event(
+    orders_db, domain_registry
+):
+    import gc
+
+    async with unit_of_work(orders_db, registry=domain_registry, context=CTX) as session:
+        session.add(Order(id="o-gc"))
+
+    async def ship(session) -> None:  # the caller keeps no reference to the aggregate
+        order = await session.get(Order, "o-gc")
+        order.record_event(OrderShipped(order_id="o-gc"))
+
+    async with unit_of_work(orders_db, registry=domain_registry, context=CTX) as session:
+        await ship(session)
+        gc.collect()
+        await session.get(Order, "missing")  # any query: autoflush, identity map churn
+    assert [e["event_type"] for e in await rows(orders_db)] == ["orders.shipped"]

@@ -192,3 +192,47 @@ async def test_status_column_rejects_unknown_states(db):
                     status="done",
                 )
             )
+
+
+async def test_a_failed_inner_unit_dooms_the_outer_one_even_if_caught(db, registry):
+    with pytest.raises(OutboxTransactionError, match="inner unit_of_work failed"):
+        async with unit_of_work(db, registry=registry, context=CTX) as outer:
+            await OutboxEventPublisher(outer).publish(
+                "orders.placed", order_payload("o-1"), aggregate_type="order", aggregate_id="o-1"
+            )
+            try:
+                async with unit_of_work(db, registry=registry, context=CTX) as inner:
+                    await OutboxEventPublisher(inner).publish(
+                        "orders.placed",
+                        order_payload("o-2"),
+                        aggregate_type="order",
+                        aggregate_id="o-2",
+                    )
+                    raise RuntimeError("inner step failed")
+            except RuntimeError:
+                pass  # the caller recovers, but the transaction must not commit half a story
+    assert await rows(db) == []
+
+
+async def test_a_task_started_inside_a_unit_gets_its_own_unit(db, registry):
+    import asyncio
+
+    async def background(order_id: str) -> None:
+        await asyncio.sleep(0.05)  # runs on after the outer unit has committed and closed
+        async with unit_of_work(db, registry=registry, context=CTX) as session:
+            await OutboxEventPublisher(session).publish(
+                "orders.placed",
+                order_payload(order_id),
+                aggregate_type="order",
+                aggregate_id=order_id,
+            )
+
+    async with unit_of_work(db, registry=registry, context=CTX) as session:
+        await OutboxEventPublisher(session).publish(
+            "orders.placed", order_payload("o-1"), aggregate_type="order", aggregate_id="o-1"
+        )
+        task = asyncio.create_task(background("o-2"))
+    await task
+    assert sorted(r["aggregate_id"] for r in await rows(db)) == ["o-1", "o-2"]
+    async with db.begin() as conn:  # nothing left holding a transaction (SQLite write lock)
+        await conn.exec_driver_sql("DELETE FROM outbox_events WHERE aggregate_id = 'nobody'")
