@@ -156,10 +156,15 @@ class EventDetail:
 
 @dataclass(frozen=True, slots=True)
 class MatchSummary:
-    """How many events a filter matches, by type (for replay confirmations)."""
+    """How many events a filter matches, by type (for replay confirmations).
+
+    ``ids`` is filled by ``match_events``: the exact rows counted, so an action
+    confirmed on this summary touches those rows and no row that arrived later.
+    """
 
     total: int
     by_type: Mapping[str, int]
+    ids: tuple[str, ...] = ()
 
 
 _SUMMARY_COLUMNS = (
@@ -330,6 +335,16 @@ class OutboxInsights:
         async with storage_errors(self._engine.url), self._engine.connect() as conn:
             by_type = Counter({row[0]: int(row[1]) for row in await conn.execute(stmt)})
         return MatchSummary(total=sum(by_type.values()), by_type=dict(by_type.most_common()))
+
+    async def match_events(self, flt: EventFilter) -> MatchSummary:
+        """The ids a filter matches now, with their counts by type, from one query."""
+        stmt = _filtered(select(t.c.id, t.c.event_type), flt).order_by(t.c.id)
+        async with storage_errors(self._engine.url), self._engine.connect() as conn:
+            rows = (await conn.execute(stmt)).all()
+        by_type = Counter(row[1] for row in rows)
+        return MatchSummary(
+            total=len(rows), by_type=dict(by_type.most_common()), ids=tuple(r[0] for r in rows)
+        )
 
     async def matching_ids(self, flt: EventFilter, *, limit: int | None = None) -> list[str]:
         stmt = _filtered(select(t.c.id), flt).order_by(t.c.id)

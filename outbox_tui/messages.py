@@ -54,11 +54,14 @@ class DetailLoaded(Message):
 class ReplayPrepared(Message):
     """How many dead letters a bulk replay would touch, by type, before anyone confirms."""
 
-    def __init__(self, flt: EventFilter, total: int, by_type: Mapping[str, int]) -> None:
+    def __init__(
+        self, flt: EventFilter, total: int, by_type: Mapping[str, int], ids: tuple[str, ...]
+    ) -> None:
         super().__init__()
         self.filter = flt
         self.total = total
         self.by_type = by_type
+        self.ids = ids  # exactly the rows counted: confirming replays these and no others
 
 
 class ReplayFinished(Message):

@@ -491,7 +491,7 @@ class MainScreen(Screen[None]):
                 confirm_label="Replay",
                 ask_reason=True,
             ),
-            lambda decision: self._replay_decided(decision, (event.id,), None),
+            lambda decision: self._replay_decided(decision, (event.id,)),
         )
 
     def action_replay_matching(self) -> None:
@@ -508,11 +508,11 @@ class MainScreen(Screen[None]):
     @work(exclusive=True, group="replay", exit_on_error=False)
     async def _prepare_replay(self, flt: EventFilter) -> None:
         try:
-            summary = await self.console_app.db(self.console_app.insights.match_summary(flt))
+            summary = await self.console_app.db(self.console_app.insights.match_events(flt))
         except OutboxError as exc:
             self.post_message(ActionFailed("Replay", one_line(exc)))
             return
-        self.post_message(ReplayPrepared(flt, summary.total, dict(summary.by_type)))
+        self.post_message(ReplayPrepared(flt, summary.total, dict(summary.by_type), summary.ids))
 
     @on(ReplayPrepared)
     def _replay_prepared(self, message: ReplayPrepared) -> None:
@@ -529,25 +529,20 @@ class MainScreen(Screen[None]):
                 confirm_label=f"Replay {message.total:,}",
                 ask_reason=True,
             ),
-            lambda decision: self._replay_decided(decision, (), flt),
+            lambda decision: self._replay_decided(decision, message.ids),
         )
 
-    def _replay_decided(
-        self, decision: Confirmation | None, ids: Sequence[str], flt: EventFilter | None
-    ) -> None:
+    def _replay_decided(self, decision: Confirmation | None, ids: Sequence[str]) -> None:
         if decision is None:
             self.say("Replay cancelled; nothing changed.", timeout=3)
             return
-        self._replay(tuple(ids), flt, decision.reason)
+        self._replay(tuple(ids), decision.reason)
 
     @work(exclusive=True, group="replay", exit_on_error=False)
-    async def _replay(
-        self, ids: tuple[str, ...], flt: EventFilter | None, reason: str | None
-    ) -> None:
+    async def _replay(self, ids: tuple[str, ...], reason: str | None) -> None:
+        """Replay exactly the ids the operator confirmed (never rows that arrived since)."""
         console = self.console_app
         try:
-            if flt is not None:
-                ids = tuple(await console.db(console.insights.matching_ids(flt)))
             replayed = 0
             refused: dict[str, str] = {}
             for start in range(0, len(ids), REPLAY_CHUNK):

@@ -138,3 +138,31 @@ async def test_shift_r_explains_when_the_filter_excludes_dead_letters(
         await pilot.pause()
         assert app.screen is app.main
         assert any("matches no dead letters" in n for n in notes(app))
+
+
+async def test_shift_r_replays_exactly_the_dead_letters_it_counted(sqlite_seeded, orders_registry):
+    """A dead letter that appears while the dialog is open is not swept up by the confirm."""
+    app = console(sqlite_seeded, orders_registry)
+    counted = set(await dead_letter_ids(sqlite_seeded))
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot)
+        await open_dead_letters(pilot, app)
+        await pilot.press("R")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmModal), "the dialog")
+        assert f"{len(counted)} dead letter" in str(app.screen.query_one("#confirm-body").render())
+        engine = create_engine(sqlite_seeded)
+        try:  # meanwhile a dispatcher dead-letters one more event
+            async with engine.begin() as conn:
+                late = (
+                    await conn.exec_driver_sql(
+                        "UPDATE outbox_events SET status = 'dead_letter' WHERE id = "
+                        "(SELECT min(id) FROM outbox_events WHERE status = 'pending') "
+                        "RETURNING id"
+                    )
+                ).scalar_one()
+        finally:
+            await engine.dispose()
+        await pilot.press("y")
+        await until(pilot, lambda: any("back to pending" in n for n in notes(app)), "the toast")
+        assert any(f"{len(counted)} dead letters back to pending" in n for n in notes(app))
+    assert set(await dead_letter_ids(sqlite_seeded)) == {late}
