@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rich.console import RenderableType
-from textual import on
+from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -24,9 +24,10 @@ class Confirmation:
 class ConfirmModal(ModalScreen[Confirmation | None]):
     """Dismisses with a ``Confirmation`` on ``y`` or the confirm button, None otherwise.
 
-    The focus starts on Cancel, so a stray ``enter`` changes nothing. ``tab`` reaches
-    the optional reason field; ``enter`` there moves to the confirm button rather than
-    confirming, so only ``y`` or the button ever proceeds.
+    The focus starts on Cancel, so a stray ``enter`` changes nothing. Typing any other
+    letter than ``y``/``n`` starts the optional reason (the field takes the focus and
+    the letter), as does ``tab``; ``enter`` there moves to the confirm button rather
+    than confirming, so only ``y`` or the button ever proceeds.
     """
 
     BINDINGS = [  # noqa: RUF012 - Textual's declaration style
@@ -57,13 +58,30 @@ class ConfirmModal(ModalScreen[Confirmation | None]):
             yield Static(self.body, id="confirm-body")
             if self.ask_reason:
                 yield Label("Reason (optional)", classes="field-label")
-                yield Input(placeholder=self.reason_placeholder, id="reason", max_length=500)
+                yield Input(
+                    placeholder=self.reason_placeholder,
+                    id="reason",
+                    max_length=500,
+                    select_on_focus=False,  # the first letter typed is kept, not selected
+                )
             with Horizontal(classes="dialog-buttons"):
                 yield Button(Content(f"{self.confirm_label}  [y]"), id="confirm", variant="error")
                 yield Button(Content("Cancel  [n]"), id="cancel", variant="default")
 
     def on_mount(self) -> None:
         self.query_one("#cancel", Button).focus()
+
+    def on_key(self, event: events.Key) -> None:
+        """Start the reason with the first letter typed, wherever the focus is."""
+        if not self.ask_reason or not event.is_printable or event.character in (None, "y", "n"):
+            return
+        reason = self.query_one("#reason", Input)
+        if self.focused is reason:
+            return
+        event.stop()
+        event.prevent_default()
+        reason.focus()
+        reason.insert_text_at_cursor(event.character)
 
     def action_confirm(self) -> None:
         reason = ""

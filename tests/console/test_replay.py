@@ -166,3 +166,20 @@ async def test_shift_r_replays_exactly_the_dead_letters_it_counted(sqlite_seeded
         await until(pilot, lambda: any("back to pending" in n for n in notes(app)), "the toast")
         assert any(f"{len(counted)} dead letters back to pending" in n for n in notes(app))
     assert set(await dead_letter_ids(sqlite_seeded)) == {late}
+
+
+async def test_typing_in_the_dialog_writes_the_reason(sqlite_seeded, orders_registry):
+    """The first letter (other than y/n) lands in the reason field; later n's are text."""
+    app = console(sqlite_seeded, orders_registry)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot)
+        table = await open_dead_letters(pilot, app)
+        target = table.highlighted.id
+        await pilot.press("r")
+        assert isinstance(app.screen, ConfirmModal)
+        await pilot.press(*"fixed in deploy", "enter")
+        assert isinstance(app.screen, ConfirmModal)  # n and enter did not end the dialog
+        await pilot.press("y")
+        await until(pilot, lambda: any("back to pending" in n for n in notes(app)), "the toast")
+    detail = await detail_of(sqlite_seeded, target)
+    assert detail.replays[0]["reason"] == "fixed in deploy"
