@@ -42,8 +42,10 @@ def parse_database_url(url: str | URL) -> URL:
     """
     try:
         parsed = make_url(url) if isinstance(url, str) else url
-    except ArgumentError as exc:
-        raise DatabaseUrlError(f"invalid database URL {mask_url(str(url))!r}: {exc}") from None
+        parsed.port  # noqa: B018 - a non-numeric port only fails when read
+    except (ArgumentError, ValueError) as exc:
+        detail = mask_secrets(str(exc), str(url))
+        raise DatabaseUrlError(f"invalid database URL {mask_url(str(url))!r}: {detail}") from None
     name = parsed.drivername
     if name in _ASYNC_DRIVERS:
         parsed = parsed.set(drivername=_ASYNC_DRIVERS[name])
@@ -54,6 +56,11 @@ def parse_database_url(url: str | URL) -> URL:
             f"unsupported database URL scheme {name!r} in {mask_url(parsed)!r}: "
             "use sqlite+aiosqlite:///path.db or postgresql+asyncpg://user:pass@host/db"
         )
+    if parsed.drivername == "postgresql+asyncpg" and "sslmode" in parsed.query:
+        # libpq spells it sslmode; asyncpg takes the same values as ssl.
+        query = dict(parsed.query)
+        query["ssl"] = query.pop("sslmode")
+        parsed = parsed.set(query=query)
     if parsed.drivername.startswith("sqlite") and not parsed.database:
         raise DatabaseUrlError(
             "an in-memory SQLite database cannot be shared by a dispatcher and a console: "
@@ -63,17 +70,22 @@ def parse_database_url(url: str | URL) -> URL:
 
 
 def mask_url(url: str | URL) -> str:
-    """The URL with its password replaced by ``***`` (safe to print or log)."""
+    """The URL with its password (in the credentials or the query) replaced by ``***``."""
     if isinstance(url, URL):
-        return url.render_as_string(hide_password=True)
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        return _URL_CREDENTIALS.sub(r"\1***@", url)
+        text = url.render_as_string(hide_password=True)
+    else:
+        try:
+            text = make_url(url).render_as_string(hide_password=True)
+        except Exception:
+            text = _URL_CREDENTIALS.sub(r"\1***@", url)
+    return _QUERY_PASSWORD.sub(r"\1***", text)
 
 
 _URL_CREDENTIALS = re.compile(r"(://[^:/@\s]*:)[^@\s]*@")
 _RAW_PASSWORD = re.compile(r"://[^:/@\s]*:([^@\s]+)@")
+_QUERY_PASSWORD = re.compile(r"([?&](?:password|passwd|pwd|pass)=)[^&\s'\"]*", re.IGNORECASE)
+# A bare password is masked only where no word, dash or dot touches it.
+_EDGE = r"[\w.-]"
 
 
 def mask_secrets(message: str, *urls: str | URL) -> str:
@@ -83,9 +95,9 @@ def mask_secrets(message: str, *urls: str | URL) -> str:
     whole token, in its decoded and its percent-encoded spelling, so a short or
     common password ("postgres") cannot mangle words like "postgresql".
     """
-    message = _URL_CREDENTIALS.sub(r"\1***@", message)
+    message = _QUERY_PASSWORD.sub(r"\1***", _URL_CREDENTIALS.sub(r"\1***@", message))
     for secret in sorted(_password_spellings(urls), key=len, reverse=True):
-        message = re.sub(rf"(?<!\w){re.escape(secret)}(?!\w)", "***", message)
+        message = re.sub(rf"(?<!{_EDGE}){re.escape(secret)}(?!{_EDGE})", "***", message)
     return message
 
 
@@ -102,6 +114,8 @@ def _password_spellings(urls: tuple[str | URL, ...]) -> set[str]:
         typed = _RAW_PASSWORD.search(url)
         if typed:
             spellings.add(typed.group(1))
+        for match in re.finditer(r"[?&](?:password|passwd|pwd|pass)=([^&\s]+)", url, re.I):
+            spellings.add(match.group(1))
     return spellings
 
 

@@ -108,3 +108,25 @@ def test_bare_passwords_are_masked_as_whole_tokens_only():
         "use postgresql; password *** rejected"
     )
     assert "s3cr" not in mask_secrets("raw s3cr%40t and s3cr@t", "amqp://u:s3cr%40t@mq/")
+
+
+def test_passwords_in_the_query_string_are_masked_too():
+    url = "postgresql+asyncpg://app@db:5432/app?password=hunter2&sslmode=require"
+    assert "hunter2" not in mask_url(url)
+    assert "password=***" in mask_url(url)
+    assert "hunter2" not in mask_secrets(f"connect to {url} failed: hunter2 rejected", url)
+
+
+def test_masking_leaves_the_program_name_alone():
+    url = "postgresql://outbox:outbox@db/app"
+    assert mask_secrets("outbox-tui: error: password outbox rejected", url) == (
+        "outbox-tui: error: password *** rejected"
+    )
+
+
+def test_libpq_sslmode_becomes_asyncpg_ssl_and_bad_ports_are_url_errors():
+    parsed = parse_database_url("postgresql://u:p@h/db?sslmode=require")
+    assert dict(parsed.query) == {"ssl": "require"}
+    with pytest.raises(DatabaseUrlError, match="invalid database URL") as err:
+        parse_database_url("postgresql://u:s3cret@h:abc/db")
+    assert "s3cret" not in str(err.value)
