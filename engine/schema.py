@@ -130,6 +130,13 @@ Index(
     postgresql_where=text(ACTIVE_PREDICATE),
     sqlite_where=text(ACTIVE_PREDICATE),
 )
+# Expired leases (crash recovery) and "stuck in publishing" counts.
+Index(
+    "ix_outbox_events_lease",
+    outbox_events.c.locked_until,
+    postgresql_where=text("status = 'publishing'"),
+    sqlite_where=text("status = 'publishing'"),
+)
 # Counting by status and keyset pages within one status (dead letters, filters).
 Index("ix_outbox_events_status_id", outbox_events.c.status, outbox_events.c.id)
 # Retention purge and the "published recently" window.

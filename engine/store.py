@@ -25,11 +25,13 @@ from sqlalchemy import (
     Text,
     and_,
     case,
+    exists,
     or_,
     select,
     text,
     tuple_,
     type_coerce,
+    union_all,
     update,
 )
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -89,14 +91,19 @@ def _claim_columns() -> list[Any]:
     ]
 
 
-def _due(now: datetime) -> Any:
-    waiting = and_(
+def _waiting(now: datetime) -> Any:
+    """Pending or failed rows that are due and not leased."""
+    return and_(
+        text(ACTIVE_PREDICATE),
         t.c.status.in_((PENDING, FAILED)),
         or_(t.c.next_retry_at.is_(None), t.c.next_retry_at <= now),
         or_(t.c.locked_until.is_(None), t.c.locked_until < now),
     )
-    abandoned = and_(t.c.status == PUBLISHING, t.c.locked_until < now)
-    return and_(text(ACTIVE_PREDICATE), or_(waiting, abandoned))
+
+
+def _abandoned(now: datetime) -> Any:
+    """Rows whose dispatcher's lease ran out mid-delivery (it crashed or hung)."""
+    return and_(t.c.status == PUBLISHING, t.c.locked_until < now)
 
 
 async def claim_batch(
@@ -107,20 +114,37 @@ async def claim_batch(
     lease: timedelta,
     now: datetime,
 ) -> list[ClaimedRow]:
-    """Claim up to ``batch_size`` due rows in one statement; oldest first."""
-    candidates = select(t.c.id).where(_due(now)).order_by(t.c.id).limit(batch_size)
-    claim = update(t).values(
-        status=PUBLISHING,
-        locked_by=dispatcher_id,
-        locked_until=now + lease,
-        claim_version=t.c.claim_version + 1,
-        attempt_count=t.c.attempt_count + 1,
+    """Claim up to ``batch_size`` due rows in one statement; oldest first.
+
+    A row whose lease expired is reclaimed alone, one per claim, ahead of waiting
+    rows: if it is what killed the last dispatcher, it can only spend its own
+    attempts, never those of a whole batch of innocent rows claimed with it.
+    """
+    abandoned = select(t.c.id).where(_abandoned(now)).order_by(t.c.locked_until).limit(1)
+    if conn.dialect.name == "postgresql":
+        abandoned = abandoned.with_for_update(skip_locked=True)
+    abandoned_cte = abandoned.cte("abandoned")
+    waiting = (
+        select(t.c.id)
+        .where(_waiting(now), ~exists(select(abandoned_cte.c.id)))
+        .order_by(t.c.id)
+        .limit(batch_size)
     )
     if conn.dialect.name == "postgresql":
-        claimable = candidates.with_for_update(skip_locked=True).cte("claimable")
-        stmt = claim.where(t.c.id == claimable.c.id)
-    else:
-        stmt = claim.where(t.c.id.in_(candidates.scalar_subquery()))
+        waiting = waiting.with_for_update(skip_locked=True)
+    waiting_cte = waiting.cte("waiting")
+    claimable = union_all(select(abandoned_cte.c.id), select(waiting_cte.c.id))
+    stmt = (
+        update(t)
+        .where(t.c.id.in_(claimable))
+        .values(
+            status=PUBLISHING,
+            locked_by=dispatcher_id,
+            locked_until=now + lease,
+            claim_version=t.c.claim_version + 1,
+            attempt_count=t.c.attempt_count + 1,
+        )
+    )
     result = await conn.execute(stmt.returning(*_claim_columns()))
     rows = [ClaimedRow(values=dict(row), raw_payload=row["payload"]) for row in result.mappings()]
     rows.sort(key=lambda r: r.event_id)

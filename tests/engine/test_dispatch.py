@@ -394,3 +394,43 @@ async def test_a_dispatcher_budget_overrides_every_rows_max_attempts(db, registr
     stored = await row(db, event_id)
     assert stored["status"] == "dead_letter" and stored["max_attempts"] == 10
     assert "max attempts reached (2/2)" in stored["dead_letter_reason"]
+
+
+async def test_expired_leases_are_reclaimed_one_at_a_time_so_a_poison_row_cannot_sink_a_batch(
+    db, registry, clock
+):
+    """A row that kills its dispatcher spends only its own attempts."""
+    from engine import store
+
+    ids = await publish(db, registry, count=5, max_attempts=3)
+    lease = timedelta(seconds=5)
+
+    async def claim() -> list[str]:
+        async with db.begin() as conn:
+            rows = await store.claim_batch(
+                conn, dispatcher_id="crashy", batch_size=10, lease=lease, now=clock()
+            )
+        return [r.event_id for r in rows]
+
+    assert await claim() == ids  # the dispatcher takes all five, then dies
+    clock.advance(6)
+    seen = []
+    for _ in range(5):  # each abandoned row comes back alone, never with the others
+        reclaimed = await claim()
+        assert len(reclaimed) == 1
+        seen += reclaimed
+        clock.advance(6)  # ... and that dispatcher dies too
+    assert sorted(seen) == ids
+    handled = []
+
+    @registry.handler("orders.placed", key="orders.ok")
+    async def ok(envelope):
+        handled.append(envelope.event_id)
+
+    dispatcher = OutboxDispatcher(db, registry, clock=clock, batch_size=10)
+    total = DispatchResult()
+    while (result := await dispatcher.dispatch_once()).claimed:
+        total += result
+    # two claims each (attempt 3 of 3 is the one that runs): nothing dead-lettered
+    assert total == DispatchResult(claimed=5, published=5)
+    assert sorted(handled) == ids

@@ -31,8 +31,14 @@ def _assert_no_table_scan(plan: str) -> None:
 
 
 async def test_claim_candidates_are_found_through_an_index(db, clock):
-    stmt = select(t.c.id).where(store._due(clock())).order_by(t.c.id).limit(100)
-    plan = await _plan(db, stmt)
+    waiting = select(t.c.id).where(store._waiting(clock())).order_by(t.c.id).limit(100)
+    plan = await _plan(db, waiting)
+    _assert_no_table_scan(plan)
+    assert "ix_outbox_events_" in plan
+    abandoned = (
+        select(t.c.id).where(store._abandoned(clock())).order_by(t.c.locked_until).limit(1)
+    )
+    plan = await _plan(db, abandoned)
     _assert_no_table_scan(plan)
     assert "ix_outbox_events_" in plan
 
