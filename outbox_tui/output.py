@@ -317,8 +317,15 @@ def counters_table(title: str, counters: Mapping[str, Any]) -> Table:
     table.add_column("counter", style="bold")
     table.add_column("value", justify="right")
     for name, value in counters.items():
-        table.add_row(name.replace("_", " "), str(value))
+        table.add_row(name.replace("_", " "), _human(value))
     return table
+
+
+def _human(value: Any) -> str:
+    """Booleans as yes/no and nothing as a dash, as an operator reads them."""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return "-" if value is None else str(value)
 
 
 # -- the headless run loop -------------------------------------------------------------

@@ -69,7 +69,7 @@ class CountTile(Static):
         style = RICH_STATUS_STYLES[self.status] if value else MUTED
         text = Text(count(value), style=style)
         if extra:
-            text.append(f"  {extra}", style=MUTED)
+            text.append(f" · {extra}", style=MUTED)
         self.update(text)
 
 
@@ -96,7 +96,7 @@ class OverviewPanel(Horizontal):
             extra = ""
             if status == "published":
                 window = duration(snap.recent_window_seconds)
-                extra = f"{count(snap.published_recent)} in last {window}"
+                extra = f"{count(snap.published_recent)}/{window}"  # e.g. "1,019/5m": fits a tile
             self.query_one(f"#tile-{status}", CountTile).show(snap.counts.get(status, 0), extra)
         oldest = snap.oldest_pending_age_seconds
         warn, critical = duration(self.thresholds.warn), duration(self.thresholds.critical)
