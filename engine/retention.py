@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import delete, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from engine.schema import PUBLISHED, handler_runs, outbox_events
+from engine.schema import PUBLISHED, handler_runs, outbox_events, process_heartbeats
 
 t = outbox_events
 DEFAULT_BATCH_SIZE = 500
@@ -48,6 +48,19 @@ async def purge_published(
             return 0
         await conn.execute(delete(handler_runs).where(handler_runs.c.event_id.in_(ids)))
         result = await conn.execute(delete(t).where(t.c.id.in_(ids), t.c.status == PUBLISHED))
+        return int(result.rowcount)
+
+
+async def purge_heartbeats(engine: AsyncEngine, *, older_than: datetime) -> int:
+    """Forget processes not seen since ``older_than`` (stopped or long dead); returns how many.
+
+    Without this every restart (a new ``<host>:<pid>``) would stay in the
+    console's dispatcher panel forever.
+    """
+    async with engine.begin() as conn:
+        result = await conn.execute(
+            delete(process_heartbeats).where(process_heartbeats.c.last_seen_at < older_than)
+        )
         return int(result.rowcount)
 
 

@@ -51,7 +51,7 @@ from engine.idempotency import IdempotencyStore
 from engine.locks import lock_provider_for
 from engine.metrics import OutboxMetrics
 from engine.registry import EventRegistry
-from engine.retention import purge_published, retention_cutoff
+from engine.retention import purge_heartbeats, purge_published, retention_cutoff
 from engine.settings import DispatcherSettings
 from engine.wakeup import WakeupListener
 
@@ -221,6 +221,7 @@ class _RunLoop:
         self._retry_delay = settings.storage_retry_initial_seconds
         self._next_gauges = 0.0
         self._next_purge = 0.0
+        self._next_heartbeat_purge = 0.0
         self._purge_backlog = False
 
     # -- the loop ------------------------------------------------------------
@@ -316,6 +317,12 @@ class _RunLoop:
         ):
             self._next_purge = now + self.settings.housekeeping_seconds
             await self._purge(retention, result.published)
+        keep_heartbeats = self.settings.heartbeat_retention_seconds
+        if keep_heartbeats is not None and now >= self._next_heartbeat_purge:
+            self._next_heartbeat_purge = now + self.settings.housekeeping_seconds
+            await purge_heartbeats(
+                self.engine, older_than=retention_cutoff(self.clock(), keep_heartbeats)
+            )
         if self.metrics and now >= self._next_gauges:
             self._next_gauges = now + self.settings.housekeeping_seconds
             for metrics in self.metrics:

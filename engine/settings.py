@@ -62,6 +62,10 @@ class DispatcherSettings(BaseModel):
     # None keeps published rows forever; 0 deletes them right after they are published.
     retention_seconds: Annotated[float | None, Field(ge=0, le=_TEN_YEARS)] = 7 * 24 * _HOUR
     retention_batch_size: Annotated[int, Field(ge=1, le=100_000)] = 500
+    # Heartbeat rows of processes not seen for this long are deleted (None keeps them).
+    heartbeat_retention_seconds: Annotated[float | None, Field(gt=0, le=_TEN_YEARS)] = (
+        7 * 24 * _HOUR
+    )
     use_lock: bool = False
     wakeup: Literal["auto", "off"] = "auto"
     wakeup_channel: Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_]{0,62}$")] = "outbox_events"
@@ -76,7 +80,9 @@ class DispatcherSettings(BaseModel):
     storage_retry_initial_seconds: Seconds = 0.5
     storage_retry_max_seconds: Seconds = 30.0
 
-    @field_validator("retention_seconds", "max_attempts", mode="before")
+    @field_validator(
+        "retention_seconds", "max_attempts", "heartbeat_retention_seconds", mode="before"
+    )
     @classmethod
     def _none_words(cls, value: Any) -> Any:
         if isinstance(value, str) and value.strip().lower() in _NONE_WORDS:

@@ -108,3 +108,36 @@ async def test_retention_none_keeps_published_rows(db, registry, clock):
     )
     assert summary.purged == 0
     assert set((await statuses(db)).values()) == {"published"}
+
+
+async def test_the_loop_forgets_processes_not_seen_for_the_heartbeat_retention(
+    db, registry, clock
+):
+    from sqlalchemy import insert
+
+    from engine.schema import process_heartbeats
+
+    async with db.begin() as conn:
+        for name, age in (("gone-long-ago", 8 * 86400), ("stopped-yesterday", 86400)):
+            seen = clock() - timedelta(seconds=age)
+            await conn.execute(
+                insert(process_heartbeats).values(
+                    instance_id=name,
+                    host="h",
+                    pid=1,
+                    state="stopped",
+                    started_at=seen,
+                    last_seen_at=seen,
+                    details={},
+                )
+            )
+    settings = fast(heartbeat_retention_seconds=7 * 86400)
+    await run_dispatcher(
+        build_dispatcher(db, registry, settings, clock=clock),
+        settings=settings,
+        max_iterations=1,
+        instance_id="me",
+    )
+    async with db.connect() as conn:
+        names = set((await conn.execute(select(process_heartbeats.c.instance_id))).scalars())
+    assert names == {"stopped-yesterday", "me"}
