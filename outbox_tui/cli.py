@@ -659,7 +659,12 @@ def _retention_seconds(inv: Invocation) -> float | None:
         return float(given)
     from engine.settings import load_settings
 
-    return load_settings(database_url=inv.database_url).dispatcher.retention_seconds
+    try:
+        return load_settings(database_url=inv.database_url).dispatcher.retention_seconds
+    except ConfigurationError as exc:
+        # A read-only look during an incident must not fail on a dispatcher setting.
+        inv.out.note(f"purge backlog not counted: {exc}")
+        return None
 
 
 async def cmd_stats(inv: Invocation) -> int:

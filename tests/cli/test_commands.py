@@ -259,3 +259,13 @@ async def test_replay_dry_run_by_id_reports_what_would_be_refused(
     result.assert_one_error_line("would refuse no-such-id: no such event", status=1)
     assert result.json()["matched"] == 1
     assert await _audit(dead_letters_url) == []
+
+
+async def test_stats_works_despite_an_invalid_dispatcher_setting(
+    cli: Cli, dead_letters_url: str
+) -> None:
+    env = {"OUTBOX_DATABASE_URL": dead_letters_url, "OUTBOX_DISPATCHER__BATCH_SIZE": "0"}
+    result = cli("stats", "--json", env=env)
+    assert result.returncode == 0, result
+    assert result.json()["awaiting_purge"] is None
+    assert "OUTBOX_DISPATCHER__BATCH_SIZE" in result.stderr
