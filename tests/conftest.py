@@ -7,6 +7,7 @@ broken CI setup cannot pass silently.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator
@@ -34,6 +35,23 @@ def sqlite_url(tmp_path: Path) -> str:
     return f"sqlite+aiosqlite:///{tmp_path}/outbox.db"
 
 
+async def _drop_database(admin: asyncpg.Connection, name: str) -> None:
+    """DROP ... WITH (FORCE), retried while an autovacuum worker is inside the database.
+
+    FORCE ends the sessions a test leaked, but a non-superuser may not end an
+    autovacuum worker ("must be a member of the role whose process is being
+    terminated"); the worker leaves within moments, so try again.
+    """
+    for attempt in range(50):
+        try:
+            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            return
+        except asyncpg.exceptions.InsufficientPrivilegeError:
+            if attempt == 49:
+                raise
+            await asyncio.sleep(0.1)
+
+
 @pytest.fixture
 async def pg_url() -> AsyncIterator[str]:
     """A fresh, empty PostgreSQL database for this test, dropped afterwards."""
@@ -53,8 +71,7 @@ async def pg_url() -> AsyncIterator[str]:
         try:
             yield admin_url.set(database=name).render_as_string(hide_password=False)
         finally:
-            # FORCE: a test that leaked a connection (or a pool) must not keep its database alive.
-            await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            await _drop_database(admin, name)
     finally:
         await admin.close()
 
