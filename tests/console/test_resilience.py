@@ -85,7 +85,7 @@ async def test_postgresql_refusing_connections_then_accepting_again(pg_url, orde
         await admin(f'ALTER DATABASE "{url.database}" WITH ALLOW_CONNECTIONS false')
         await admin(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            f"WHERE datname = '{url.database}'"
+            f"WHERE datname = '{url.database}' AND backend_type = 'client backend'"
         )
 
     async def accept() -> None:
