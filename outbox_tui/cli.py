@@ -668,8 +668,8 @@ def _retention_seconds(inv: Invocation) -> float | None:
 
 
 async def cmd_stats(inv: Invocation) -> int:
-    retention = _retention_seconds(inv)
     async with open_database(inv.database_url, need_schema=True) as engine:
+        retention = _retention_seconds(inv)  # after the URL itself was checked
         snapshot = await OutboxInsights(engine, retention_seconds=retention).overview()
     if inv.json:
         inv.out.json(output.stats_record(snapshot, inv.masked_url))
