@@ -222,6 +222,7 @@ def make_app(
         exchange=config.exchange,
         settings=dispatch_settings,
         instance_id=instance_id,
+        installed_apps=config.installed_apps,
     )
     return OutboxConsole(
         config,

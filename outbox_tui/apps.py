@@ -41,3 +41,26 @@ def load_registry(modules: Iterable[str]) -> EventRegistry:
                 f"installed app {name!r} failed in register(): {type(exc).__name__}: {exc}"
             ) from None
     return registry
+
+
+def delivery_problem(registry: EventRegistry, *, relaying: bool, apps: Iterable[str]) -> str | None:
+    """Why a dispatcher over ``registry`` could deliver nothing useful, or None when it can.
+
+    One rule for ``--dispatch``, ``dispatch-once`` and the console's ``s``: without
+    handlers there must be a relay, and even a relay needs the event types
+    registered, because the dispatcher dead-letters every type it does not know.
+    """
+    names = ", ".join(apps) or "none given"
+    if not relaying and not registry.has_handlers():
+        return (
+            f"nothing would deliver the events: no handlers are registered (installed apps: "
+            f"{names}) and no relay is configured; add --installed-app MODULE with handlers, "
+            "or --amqp-url URL to relay to RabbitMQ"
+        )
+    if not registry.event_types():
+        return (
+            f"no event types are registered (installed apps: {names}): the dispatcher checks "
+            "every event against the registry and dead-letters unknown types, so relaying "
+            "would dead-letter everything; add --installed-app MODULE that registers them"
+        )
+    return None

@@ -47,7 +47,7 @@ from engine.registry import EventRegistry
 from engine.replay import default_operator, replay_dead_letter
 from engine.schema import DEAD_LETTER
 from outbox_tui import __version__, output
-from outbox_tui.apps import InstalledAppError, load_registry
+from outbox_tui.apps import InstalledAppError, delivery_problem, load_registry
 from outbox_tui.output import Output, ReplayReport, RunReporter
 
 PROG = "outbox-tui"
@@ -822,19 +822,9 @@ def _load_settings(inv: Invocation) -> Any:
 def _load_apps(inv: Invocation) -> EventRegistry:
     """The registry of the installed apps, refused when the dispatcher could deliver nothing."""
     registry = load_registry(inv.installed_apps)
-    apps = ", ".join(inv.installed_apps) or "none given"
-    if inv.amqp_url is None and not registry.has_handlers():
-        raise ConfigurationError(
-            f"nothing would deliver the events: no handlers are registered (installed apps: "
-            f"{apps}) and no --amqp-url; add --installed-app MODULE with handlers, or "
-            "--amqp-url to relay to RabbitMQ"
-        )
-    if not registry.event_types():
-        raise ConfigurationError(
-            f"no event types are registered (installed apps: {apps}): the dispatcher checks "
-            "every event against the registry and dead-letters unknown types, so relaying "
-            "would dead-letter everything; add --installed-app MODULE that registers them"
-        )
+    problem = delivery_problem(registry, relaying=inv.amqp_url is not None, apps=inv.installed_apps)
+    if problem:
+        raise ConfigurationError(problem)
     return registry
 
 

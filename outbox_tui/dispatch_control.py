@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import os
 import socket
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +27,7 @@ from engine.errors import ConfigurationError, OutboxError
 from engine.registry import EventRegistry
 from engine.runner import RunSummary, build_dispatcher, run_dispatcher
 from engine.settings import DispatcherSettings, load_settings
+from outbox_tui.apps import delivery_problem
 
 if TYPE_CHECKING:
     from engine.relay.rabbitmq import RabbitMqOutboxPublisher
@@ -73,6 +74,7 @@ class DispatchControl:
         exchange: str | None = None,
         settings: DispatcherSettings | None = None,
         instance_id: str | None = None,
+        installed_apps: Sequence[str] = (),
         on_exit: Callable[[DispatchExit], None] | None = None,
     ) -> None:
         self.database_url = database_url
@@ -81,6 +83,7 @@ class DispatchControl:
         self.exchange = exchange
         self.settings = settings
         self.instance_id = instance_id or console_instance_id()
+        self.installed_apps = tuple(installed_apps)
         self.on_exit = on_exit
         self._task: asyncio.Task[RunSummary | None] | None = None
         self._shutdown: asyncio.Event | None = None
@@ -99,12 +102,8 @@ class DispatchControl:
 
     def unavailable_reason(self) -> str | None:
         """Why ``start()`` would refuse, or None when it can start."""
-        if self.amqp_url or self.registry.has_handlers():
-            return None
-        return (
-            "nothing to dispatch to: no handlers are registered and no relay is configured; "
-            "restart the console with --installed-app MODULE (handlers) or --amqp-url URL "
-            "(RabbitMQ relay)"
+        return delivery_problem(
+            self.registry, relaying=bool(self.amqp_url), apps=self.installed_apps
         )
 
     async def start(self) -> None:

@@ -82,3 +82,18 @@ async def test_s_without_handlers_or_relay_explains_why_it_cannot_start(sqlite_s
         [note] = [n for n in app._notifications if n.title == "Cannot start dispatch"]
         assert "--installed-app" in note.message and "--amqp-url" in note.message
     assert await heartbeat(sqlite_seeded) is None
+
+
+async def test_s_with_a_relay_but_no_event_types_refuses_instead_of_dead_lettering(
+    sqlite_seeded,
+):
+    """The same delivery rule as the CLI: relaying unknown types would dead-letter them all."""
+    app = console(sqlite_seeded, EventRegistry(), amqp_url="amqp://guest:guest@127.0.0.1:1/")
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot)
+        await pilot.press("s")
+        await pilot.pause()
+        assert not app.dispatch.running
+        [note] = [n for n in app._notifications if n.title == "Cannot start dispatch"]
+        assert "no event types are registered" in note.message
+    assert await heartbeat(sqlite_seeded) is None
