@@ -23,6 +23,7 @@ from engine.errors import (
     DatabaseUnavailableError,
     DatabaseUrlError,
     SchemaMissingError,
+    SchemaOutdatedError,
     StorageError,
 )
 from engine.schema import metadata
@@ -230,20 +231,35 @@ async def storage_errors(url: str | URL | None = None) -> AsyncIterator[None]:
         raise
 
 
-async def create_schema(engine_or_url: AsyncEngine | str | URL) -> None:
-    """Create the outbox tables and indexes if they do not exist (idempotent)."""
+async def create_schema(engine_or_url: AsyncEngine | str | URL) -> list[str]:
+    """Create the outbox tables and indexes, or upgrade older ones (idempotent).
+
+    Returns the upgrade steps applied to tables an earlier version made (see
+    engine.migrations); empty for a new or current database.
+    """
+    from engine.migrations import upgrade_schema
+
     if isinstance(engine_or_url, AsyncEngine):
         async with storage_errors(engine_or_url.url), engine_or_url.begin() as conn:
             await conn.run_sync(metadata.create_all, checkfirst=True)
-        return
+            return await upgrade_schema(conn)
     engine = create_engine(engine_or_url)
     try:
-        await create_schema(engine)
+        return await create_schema(engine)
     finally:
         await engine.dispose()
 
 
 async def check_schema(engine: AsyncEngine) -> None:
-    """Raise ``SchemaMissingError`` unless the outbox tables exist and answer."""
+    """Raise ``SchemaMissingError`` unless the outbox tables exist and answer, or
+    ``SchemaOutdatedError`` when an earlier version made them."""
+    from engine.migrations import missing_columns
+
     async with storage_errors(engine.url), read_only_engine(engine).connect() as conn:
         await conn.execute(text("SELECT 1 FROM outbox_events WHERE 1 = 0"))
+        missing = await conn.run_sync(missing_columns)
+    if missing:
+        raise SchemaOutdatedError(
+            f"the outbox tables are from an earlier version (missing {', '.join(missing)}); "
+            "upgrade them in place with `outbox-tui init-db`"
+        )

@@ -1,25 +1,30 @@
-"""Claim due events, deliver them, and record each outcome under the lease.
+"""Claim due events, deliver them concurrently, and record each outcome under the lease.
 
-One round (``dispatch_once``) is three steps with no session per event:
+One round (``dispatch_once``):
 
-1. claim a batch in one statement (see ``engine.store``);
-2. deliver each event: to the registered handlers, or to an external
-   publisher such as the RabbitMQ relay;
-3. write every outcome in one transaction: the batch's successes in one update,
-   failures and dead letters one by one, and the handler run records of every
-   event that did not reach published (the ones that can be delivered again). Each is
-   fenced by the claim's token, so a dispatcher whose lease expired (and whose
-   rows another dispatcher has since reclaimed) changes nothing.
+1. claims a batch in one statement (see ``engine.store``): unordered rows, and the
+   head of each ordering key (at most one event per key, only when no other event
+   of the key is in flight);
+2. delivers the batch concurrently, at most ``max_concurrency`` events at a time:
+   to the registered handlers (each under ``handler_timeout_seconds``), or to an
+   external publisher such as the RabbitMQ relay. No handler starts once
+   ``LEASE_BUDGET`` of the lease is spent, nor when less than the handler timeout
+   is left of it, nor after ``stop`` is set: those events go back unattempted;
+3. writes outcomes as they arrive, in small batches (``_Completions``), so a crash
+   re-runs as little finished work as possible. Every write is fenced by the
+   claim's token, so a dispatcher whose lease expired (and whose rows another
+   dispatcher has since reclaimed) changes nothing.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Protocol
 
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -40,6 +45,8 @@ log = logging.getLogger("engine.dispatcher")
 # Share of the lease a batch may use for starting handlers; the rest is margin for the
 # last handler and the completion write.
 LEASE_BUDGET = 0.8
+DEFAULT_MAX_CONCURRENCY = 200
+DEFAULT_HANDLER_TIMEOUT = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +131,8 @@ class OutboxDispatcher:
         batch_size: int = 100,
         lease_seconds: float = 30.0,
         max_attempts: int | None = None,
+        max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
+        handler_timeout_seconds: float = DEFAULT_HANDLER_TIMEOUT,
         backoff: BackoffPolicy | None = None,
         idempotency_store: IdempotencyStore | None = None,
         external_publisher: ExternalPublisher | None = None,
@@ -137,25 +146,45 @@ class OutboxDispatcher:
             raise ConfigurationError(f"lease_seconds must be > 0, got {lease_seconds}")
         if max_attempts is not None and max_attempts < 1:
             raise ConfigurationError(f"max_attempts must be >= 1, got {max_attempts}")
+        if max_concurrency < 1:
+            raise ConfigurationError(f"max_concurrency must be >= 1, got {max_concurrency}")
+        if not 0 < handler_timeout_seconds < lease_seconds:
+            raise ConfigurationError(
+                f"handler_timeout_seconds must be > 0 and below lease_seconds "
+                f"({lease_seconds:g}), got {handler_timeout_seconds:g}"
+            )
         self.engine = engine
         self.registry = registry
         self.dispatcher_id = dispatcher_id or default_dispatcher_id()
         self.batch_size = batch_size
         self.lease = timedelta(seconds=lease_seconds)
         self.max_attempts = max_attempts
+        self.max_concurrency = max_concurrency
+        self.handler_timeout = handler_timeout_seconds
         self.backoff = backoff or BackoffPolicy()
         self.idempotency = idempotency_store or IdempotencyStore(engine, clock=clock)
         self.external_publisher = external_publisher
         self.lock_provider = lock_provider
         self.observers = list(observers)
         self.clock = clock
+        self._key_cursor = ""
+        self._ordered_first = True
 
-    async def dispatch_once(self) -> DispatchResult:
-        """Claim one batch, deliver it, record the outcomes."""
+    @property
+    def start_budget(self) -> timedelta:
+        """How long after the claim a handler may still start (see the module docstring)."""
+        return min(self.lease * LEASE_BUDGET, self.lease - timedelta(seconds=self.handler_timeout))
+
+    async def dispatch_once(self, stop: asyncio.Event | None = None) -> DispatchResult:
+        """Claim one batch, deliver it, record the outcomes.
+
+        Once ``stop`` is set, events not yet started go back unattempted; the ones
+        in flight finish (each handler within its timeout) and are recorded.
+        """
         if self.lock_provider is not None and not await self.lock_provider.acquire():
             return DispatchResult()
         try:
-            result = await self._round()
+            result = await self._round(stop)
         finally:
             if self.lock_provider is not None:
                 await self.lock_provider.release()
@@ -163,53 +192,78 @@ class OutboxDispatcher:
             await observer.observe_round(result)
         return result
 
-    async def _round(self) -> DispatchResult:
+    async def _round(self, stop: asyncio.Event | None) -> DispatchResult:
         claimed_at = self.clock()
         async with self.engine.begin() as conn:
-            claimed = await store.claim_batch(
+            batch = await store.claim_batch(
                 conn,
                 dispatcher_id=self.dispatcher_id,
                 batch_size=self.batch_size,
                 lease=self.lease,
                 now=claimed_at,
+                key_cursor=self._key_cursor,
+                ordered_first=self._ordered_first,
             )
+        # Unordered and ordered rows take turns at filling the batch first.
+        self._key_cursor, self._ordered_first = batch.key_cursor, not self._ordered_first
+        claimed = batch.rows
         if not claimed:
             return DispatchResult()
+        completions = _Completions(self, len(claimed))
         envelopes: dict[str, EventEnvelope] = {}
-        outcomes: list[_Outcome] = []
         for row in claimed:
             envelope, problem = self._decode(row)
             if envelope is None:
-                outcomes.append(_Outcome(row, "dead_letter", problem, f"permanent: {problem}"))
+                completions.add(_Outcome(row, "dead_letter", problem, f"permanent: {problem}"))
             elif row.attempt_count > self._budget(row):
                 why = (
                     f"attempts exhausted ({row.attempt_count - 1}/{self._budget(row)}); the last "
                     "lease expired before completion (dispatcher crash or handler over the lease)"
                 )
-                outcomes.append(_Outcome(row, "dead_letter", why, why))
+                completions.add(_Outcome(row, "dead_letter", why, why))
             else:
                 envelopes[row.event_id] = envelope
         deliverable = [r for r in claimed if r.event_id in envelopes]
-        records: list[HandlerRunRecord] = []
-        if self.external_publisher is not None:
-            outcomes += await self._relay(deliverable, envelopes)
-        else:
-            done = await self._succeeded_handlers(deliverable)
-            # Stop starting handlers once most of the lease is spent: a row handled after its
-            # lease expired may be handled again by another dispatcher meanwhile.
-            deadline = claimed_at + self.lease * LEASE_BUDGET
-            for row in deliverable:
-                if self.clock() >= deadline:
-                    outcomes.append(_Outcome(row, "unattempted"))
-                    continue
-                outcome, row_records = await self._run_handlers(row, envelopes[row.event_id], done)
-                outcomes.append(outcome)
-                records += row_records
-        return await self._complete(len(claimed), outcomes, records)
+        try:
+            if self.external_publisher is not None:
+                if stop is not None and stop.is_set():
+                    completions.add_all([_Outcome(r, "unattempted") for r in deliverable])
+                else:
+                    completions.add_all(await self._relay(deliverable, envelopes))
+            else:
+                await self._deliver(deliverable, envelopes, claimed_at, stop, completions)
+        finally:
+            await completions.close()
+        return completions.result
 
     def _budget(self, row: ClaimedRow) -> int:
         """The row's attempt budget, unless this dispatcher overrides every row's."""
         return self.max_attempts if self.max_attempts is not None else row.max_attempts
+
+    async def _deliver(
+        self,
+        rows: list[ClaimedRow],
+        envelopes: Mapping[str, EventEnvelope],
+        claimed_at: datetime,
+        stop: asyncio.Event | None,
+        completions: _Completions,
+    ) -> None:
+        """Run the handlers of ``rows`` concurrently, at most ``max_concurrency`` at once."""
+        done = await self._succeeded_handlers(rows)
+        # A row handled after its lease expired may be handled again by another
+        # dispatcher meanwhile: stop starting handlers well before that.
+        deadline = claimed_at + self.start_budget
+        slots = asyncio.Semaphore(self.max_concurrency)
+
+        async def deliver(row: ClaimedRow) -> None:
+            async with slots:
+                if (stop is not None and stop.is_set()) or self.clock() >= deadline:
+                    completions.add(_Outcome(row, "unattempted"))
+                    return
+                outcome, records = await self._run_handlers(row, envelopes[row.event_id], done)
+                completions.add(outcome, records)
+
+        await asyncio.gather(*(deliver(row) for row in rows))
 
     async def _succeeded_handlers(self, rows: list[ClaimedRow]) -> set[tuple[str, str]]:
         """Handler runs that already succeeded, looked up only for rows delivered before.
@@ -252,7 +306,8 @@ class OutboxDispatcher:
                 invocation = HandlerInvocation(envelope, registered.key, self.idempotency)
                 handler_token = _handler_invocation.set(invocation)
                 try:
-                    await registered.handler(envelope)
+                    async with asyncio.timeout(self.handler_timeout) as budget:
+                        await registered.handler(envelope)
                 except EventHandlerPermanentError as exc:
                     error = f"permanent: {registered.key}: {exc}"
                     records.append(
@@ -260,7 +315,10 @@ class OutboxDispatcher:
                     )
                     return _Outcome(row, "dead_letter", error, error), records
                 except Exception as exc:
-                    error = f"{registered.key}: {type(exc).__name__}: {exc}"
+                    if isinstance(exc, TimeoutError) and budget.expired():
+                        error = f"{registered.key}: timed out after {self.handler_timeout:g} s"
+                    else:
+                        error = f"{registered.key}: {type(exc).__name__}: {exc}"
                     log.debug("handler failed for event %s: %s", envelope.event_id, error)
                     records.append(
                         HandlerRunRecord(envelope.event_id, registered.key, False, error)
@@ -297,8 +355,9 @@ class OutboxDispatcher:
         return outcomes
 
     async def _complete(
-        self, claimed: int, outcomes: list[_Outcome], records: list[HandlerRunRecord]
+        self, outcomes: Sequence[_Outcome], records: Sequence[HandlerRunRecord]
     ) -> DispatchResult:
+        """Write one batch of outcomes in one transaction, each fenced by its claim."""
         published = failed = dead = lost = 0
         async with self.engine.begin() as conn:
             now = self.clock()
@@ -343,25 +402,104 @@ class OutboxDispatcher:
                         fence,
                         error=o.error or reason,
                         reason=reason,
+                        release_key=self._releases_key(o.row),
                     )
                     dead += ok
                 else:
                     continue
                 if not ok:
                     lost += 1
-        if lost:
-            log.warning("dispatcher %s lost the lease on %d event(s)", self.dispatcher_id, lost)
-        if failed or dead:
+        return DispatchResult(0, published, failed, dead, lost)
+
+    def _releases_key(self, row: ClaimedRow) -> bool:
+        """Whether this row's dead letter lets the later events of its key go on."""
+        if row.ordering_key is None:
+            return False
+        return self.registry.dead_letter_policy(str(row.values["event_type"])) == "skip"
+
+    def _report(self, result: DispatchResult, first_problem: _Outcome | None) -> None:
+        if result.lost_leases:
+            log.warning(
+                "dispatcher %s lost the lease on %d event(s)",
+                self.dispatcher_id,
+                result.lost_leases,
+            )
+        if first_problem is not None and (result.failed or result.dead_lettered):
             # One line per round, not per event: a handler outage must not flood the log.
-            first = next(o for o in outcomes if o.kind in ("failed", "dead_letter"))
             log.warning(
                 "dispatcher %s: %d failed (retrying), %d dead-lettered of %d claimed; "
                 "first: event %s: %s",
                 self.dispatcher_id,
-                failed,
-                dead,
-                claimed,
-                first.row.event_id,
-                first.error,
+                result.failed,
+                result.dead_lettered,
+                result.claimed,
+                first_problem.row.event_id,
+                first_problem.error,
             )
-        return DispatchResult(claimed, published, failed, dead, lost)
+
+
+class _Completions:
+    """Outcomes of one round, written in small batches while the rest is still running.
+
+    One writer task drains what has arrived since its last write, so the batches
+    grow with the arrival rate (group commit) and a crash loses only the
+    outcomes of the write in progress. A storage error is kept and raised by
+    ``close()``, after every handler of the round has finished; the rows it
+    could not complete go back to the pool when their lease expires.
+    """
+
+    def __init__(self, dispatcher: OutboxDispatcher, claimed: int) -> None:
+        self._dispatcher = dispatcher
+        self._outcomes: list[_Outcome] = []
+        self._records: list[HandlerRunRecord] = []
+        self._arrived = asyncio.Event()
+        self._closing = False
+        self._error: BaseException | None = None
+        self._first_problem: _Outcome | None = None
+        self.result = DispatchResult(claimed=claimed)
+        self._writer: asyncio.Task[None] | None = None
+
+    def add(self, outcome: _Outcome, records: Sequence[HandlerRunRecord] = ()) -> None:
+        self._outcomes.append(outcome)
+        self._records.extend(records)
+        if self._first_problem is None and outcome.kind in ("failed", "dead_letter"):
+            self._first_problem = outcome
+        self._arrived.set()
+        if self._writer is None:
+            self._writer = asyncio.create_task(self._write_loop())
+
+    def add_all(self, outcomes: Sequence[_Outcome]) -> None:
+        for outcome in outcomes:
+            self.add(outcome)
+
+    async def close(self) -> None:
+        """Write what is left; raise the first storage error of the round, if any."""
+        self._closing = True
+        self._arrived.set()
+        if self._writer is not None:
+            await self._writer
+        self._dispatcher._report(self.result, self._first_problem)
+        if self._error is not None:
+            raise self._error
+
+    async def _write_loop(self) -> None:
+        while True:
+            await self._arrived.wait()
+            await asyncio.sleep(0)  # let outcomes that are ready now join this write
+            self._arrived.clear()
+            outcomes, self._outcomes = self._outcomes, []
+            records, self._records = self._records, []
+            if outcomes or records:
+                await self._write(outcomes, records)
+            if self._closing and not self._outcomes:
+                return
+
+    async def _write(self, outcomes: list[_Outcome], records: list[HandlerRunRecord]) -> None:
+        if self._error is not None:
+            return  # the database refused a write this round: leave the rest to the lease
+        try:
+            written = await self._dispatcher._complete(outcomes, records)
+        except Exception as exc:
+            self._error = exc
+            return
+        self.result = self.result + written

@@ -31,6 +31,10 @@ class SchemaMissingError(StorageError):
     """The outbox tables do not exist in the target database."""
 
 
+class SchemaOutdatedError(StorageError):
+    """The outbox tables were made by an earlier version: ``init-db`` upgrades them."""
+
+
 class OutboxTransactionError(OutboxError):
     """An outbox write was attempted outside an active unit of work."""
 

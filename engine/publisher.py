@@ -14,7 +14,7 @@ from engine.clock import Clock, uuid7
 from engine.clock import utc_now as _utc_now
 from engine.context import TaskContext, current_task_context
 from engine.errors import EventValidationError, OutboxTransactionError
-from engine.registry import EventRegistry
+from engine.registry import EventRegistry, check_ordering_key
 from engine.schema import outbox_events
 
 _INSERT = insert(outbox_events)
@@ -35,6 +35,8 @@ class OutboxEvent:
     event_version: int = 1
     tenant_id: str | None = None
     max_attempts: int | None = None
+    # Overrides the key the event type's ordering gives (engine.registry.Ordering).
+    ordering_key: str | None = None
 
 
 class OutboxEventPublisher:
@@ -71,8 +73,13 @@ class OutboxEventPublisher:
         event_version: int = 1,
         tenant_id: str | None = None,
         max_attempts: int | None = None,
+        ordering_key: str | None = None,
     ) -> str:
-        """Validate and add one event; returns its id."""
+        """Validate and add one event; returns its id.
+
+        ``ordering_key`` puts the event in order behind the earlier events of that
+        key (default: the key the event type's ordering gives, or none).
+        """
         ids = await self.publish_many(
             [
                 OutboxEvent(
@@ -83,6 +90,7 @@ class OutboxEventPublisher:
                     event_version,
                     tenant_id,
                     max_attempts,
+                    ordering_key,
                 )
             ]
         )
@@ -142,4 +150,10 @@ class OutboxEventPublisher:
         }
         if max_attempts is not None:
             row["max_attempts"] = max_attempts
+        if event.ordering_key is not None:
+            row["ordering_key"] = check_ordering_key(event.event_type, event.ordering_key)
+        else:
+            row["ordering_key"] = self._registry.ordering_key_for(
+                event.event_type, event.aggregate_type, str(event.aggregate_id), payload
+            )
         return row

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from engine.envelope import EventEnvelope
 from engine.errors import (
@@ -23,6 +23,10 @@ from engine.errors import (
 Handler = Callable[[EventEnvelope], Awaitable[Any]]
 FieldType = type | tuple[type, ...]
 SubjectSelector = Callable[[Any], str]
+#: "aggregate" orders by ``aggregate_type:aggregate_id``; a callable picks the key from the payload.
+OrderingKeySource = Literal["aggregate"] | Callable[[Mapping[str, Any]], str]
+DeadLetterPolicy = Literal["block", "skip"]
+MAX_ORDERING_KEY_LENGTH = 400
 
 CONTEXT_FIELDS: Mapping[str, FieldType] = {"tenant_id": str, "actor_id": str, "request_id": str}
 OPTIONAL_CONTEXT_FIELDS: Mapping[str, FieldType] = {"trace_id": str}
@@ -81,6 +85,35 @@ class RegisteredHandler:
 
 
 @dataclass(frozen=True, slots=True)
+class Ordering:
+    """How the events of one type are ordered: by which key, and what a dead letter does.
+
+    ``on_dead_letter="block"`` (the default) keeps the later events of the key
+    waiting until the dead letter is replayed or skipped; ``"skip"`` releases
+    the key at once.
+    """
+
+    key: OrderingKeySource = "aggregate"
+    on_dead_letter: DeadLetterPolicy = "block"
+
+    def key_for(self, aggregate_type: str, aggregate_id: str, payload: Mapping[str, Any]) -> str:
+        if self.key == "aggregate":
+            return f"{aggregate_type}:{aggregate_id}"
+        return self.key(payload)
+
+
+def check_ordering_key(event_type: str, key: Any) -> str:
+    """``key`` if it is a usable ordering key, else an ``EventValidationError``."""
+    if not isinstance(key, str) or not key:
+        raise EventValidationError(f"{event_type}: ordering_key must be a non-empty string")
+    if len(key) > MAX_ORDERING_KEY_LENGTH:
+        raise EventValidationError(
+            f"{event_type}: ordering_key is longer than {MAX_ORDERING_KEY_LENGTH} characters"
+        )
+    return key
+
+
+@dataclass(frozen=True, slots=True)
 class DomainEventMapping:
     """How one domain event class becomes an outbox row."""
 
@@ -98,6 +131,7 @@ class EventRegistry:
         self._schemas: dict[tuple[str, int], EventSchemaSpec | None] = {}
         self._handlers: dict[str, list[RegisteredHandler]] = {}
         self._domain_events: dict[type, DomainEventMapping] = {}
+        self._ordering: dict[str, Ordering] = {}
 
     # -- event types -----------------------------------------------------
     def register_event(
@@ -147,6 +181,59 @@ class EventRegistry:
                 f"does not match the event's tenant {tenant_id!r}"
             )
 
+    # -- ordering ---------------------------------------------------------
+    def set_ordering(
+        self,
+        event_type: str,
+        *,
+        key: OrderingKeySource = "aggregate",
+        on_dead_letter: DeadLetterPolicy = "block",
+    ) -> None:
+        """Deliver the events of ``event_type`` one at a time per key, in write order.
+
+        Declared once per type (all its versions). Publishing then sets each row's
+        ``ordering_key`` (``publish(..., ordering_key=...)`` overrides it).
+        """
+        if not any(t == event_type for (t, _v) in self._schemas):
+            raise EventRegistrationError(
+                f"cannot order {event_type!r}: the event type is not registered"
+            )
+        if event_type in self._ordering:
+            raise EventRegistrationError(f"the ordering of {event_type!r} is declared twice")
+        if on_dead_letter not in ("block", "skip"):
+            raise EventRegistrationError(
+                f"on_dead_letter of {event_type!r} must be 'block' or 'skip', "
+                f"got {on_dead_letter!r}"
+            )
+        if key != "aggregate" and not callable(key):
+            raise EventRegistrationError(
+                f"the ordering key of {event_type!r} must be 'aggregate' or a callable"
+            )
+        self._ordering[event_type] = Ordering(key, on_dead_letter)
+
+    def ordering(self, event_type: str) -> Ordering | None:
+        return self._ordering.get(event_type)
+
+    def ordering_key_for(
+        self,
+        event_type: str,
+        aggregate_type: str,
+        aggregate_id: str,
+        payload: Mapping[str, Any],
+    ) -> str | None:
+        """The ordering key a new event of this type gets (None: unordered)."""
+        ordering = self._ordering.get(event_type)
+        if ordering is None:
+            return None
+        return check_ordering_key(
+            event_type, ordering.key_for(aggregate_type, aggregate_id, payload)
+        )
+
+    def dead_letter_policy(self, event_type: str) -> DeadLetterPolicy:
+        """What a dead letter of this type does to its key (``block`` unless declared)."""
+        ordering = self._ordering.get(event_type)
+        return ordering.on_dead_letter if ordering is not None else "block"
+
     # -- handlers ---------------------------------------------------------
     def register_handler(self, event_type: str, handler: Handler, *, key: str) -> None:
         """Attach ``handler`` to ``event_type`` under a stable ``key``.
@@ -195,17 +282,23 @@ class EventRegistry:
         event_version: int = 1,
         aggregate_type: str,
         subject: SubjectSelector | None = None,
+        ordering: Ordering | None = None,
     ) -> None:
         """Map a domain event class to its outbox event, once.
 
         ``subject`` picks the aggregate id from the event (for example
         ``lambda e: str(e.order_id)``); without it the aggregate's primary key is
-        used.
+        used. ``ordering`` (for example ``Ordering("aggregate")``) declares the
+        event type's ordering, as ``set_ordering`` does.
         """
         if event_class in self._domain_events:
             raise EventRegistrationError(f"domain event {event_class.__qualname__} is mapped twice")
         if not self.is_registered(event_type, event_version):
             self.register_event(event_type, event_version)
+        if ordering is not None:
+            self.set_ordering(
+                event_type, key=ordering.key, on_dead_letter=ordering.on_dead_letter
+            )
         self._domain_events[event_class] = DomainEventMapping(
             event_class, event_type, event_version, aggregate_type, subject
         )

@@ -4,8 +4,9 @@
 nothing it waits ``idle_sleep_seconds`` on the shutdown event and, on
 PostgreSQL, on a wake-up notification (engine.wakeup), whichever comes first;
 after a round that claimed something it goes straight on. Setting the
-shutdown event lets the current round finish (its batch is delivered and
-recorded) and then returns the summary.
+shutdown event lets the handlers in flight finish (each within its timeout),
+hands the events not yet started back unattempted, records the round and then
+returns the summary.
 
 A storage failure (database unreachable, a write refused) is logged on one
 line with passwords masked, counted in ``storage_errors``, and the loop waits
@@ -143,6 +144,8 @@ def build_dispatcher(
         batch_size=settings.batch_size,
         lease_seconds=settings.lease_seconds,
         max_attempts=settings.max_attempts,
+        max_concurrency=settings.max_concurrency,
+        handler_timeout_seconds=settings.handler_timeout_seconds,
         backoff=BackoffPolicy(
             kind=settings.backoff_kind,
             base_seconds=settings.backoff_base_seconds,
@@ -254,7 +257,7 @@ class _RunLoop:
 
     async def _iteration(self) -> tuple[bool, DispatchResult]:
         try:
-            result = await self.dispatcher.dispatch_once()
+            result = await self.dispatcher.dispatch_once(stop=self.shutdown)
         except STORAGE_ERRORS as exc:
             self.summary.iterations += 1
             self._storage_failed(exc, "dispatch round")
@@ -412,6 +415,7 @@ class _RunLoop:
             "iterations": s.iterations,
             "totals": s.totals(),
             "batch_size": self.dispatcher.batch_size,
+            "max_concurrency": self.dispatcher.max_concurrency,
             "idle_sleep_seconds": self.settings.idle_sleep_seconds,
             "heartbeat_seconds": self.settings.heartbeat_seconds,
             "wakeup": "notify" if self.listener is not None and self.listener.listening else "poll",

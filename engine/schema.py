@@ -1,8 +1,13 @@
 """The outbox's tables: one ``MetaData`` users can hand to their own Alembic.
 
-``outbox_events`` is a documented contract: every column except id, tenant_id,
+```outbox_events`` is a documented contract: every column except id, tenant_id,
 event_type, event_version, aggregate_type, aggregate_id and payload has a
 server-side default, so any language can enqueue an event with plain SQL.
+
+``seq`` is the table's own write order: an identity column on PostgreSQL and the
+rowid (copied by a trigger) on SQLite. Producers leave it out. Events that share
+a non-null ``ordering_key`` are delivered one at a time in ``seq`` order (see
+engine.store and docs/dispatcher.md).
 """
 
 from __future__ import annotations
@@ -11,11 +16,14 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
+    DDL,
     JSON,
+    BigInteger,
     CheckConstraint,
     Column,
     DateTime,
     Dialect,
+    Identity,
     Index,
     Integer,
     MetaData,
@@ -24,11 +32,15 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    event,
     literal_column,
     text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine.interfaces import Dialect as _Dialect
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.schema import CreateColumn
+from sqlalchemy.sql.compiler import DDLCompiler
 from sqlalchemy.types import TypeEngine
 
 from engine.clock import as_utc
@@ -101,6 +113,9 @@ outbox_events = Table(
     Column("aggregate_type", String(200), nullable=False),
     Column("aggregate_id", String(200), nullable=False),
     Column("payload", Json, nullable=False),
+    # Null: unordered. Events with the same key are delivered one at a time, in seq order.
+    Column("ordering_key", String(400), nullable=True),
+    Column("seq", BigInteger, Identity(), nullable=False),
     Column("status", String(16), nullable=False, server_default=PENDING),
     Column("claim_version", Integer, nullable=False, server_default="0"),
     Column("attempt_count", Integer, nullable=False, server_default="0"),
@@ -113,22 +128,55 @@ outbox_events = Table(
     Column("dead_letter_reason", Text, nullable=True),
     Column("replay_count", Integer, nullable=False, server_default="0"),
     Column("last_replayed_at", UtcDateTime(), nullable=True),
+    # Set when a dead letter stops holding back the later events of its key (the event
+    # type's ``skip`` policy, or an operator's ``dead-letter skip``).
+    Column("skipped_at", UtcDateTime(), nullable=True),
     _created_at_column(),
     CheckConstraint(
         "status IN ('pending', 'publishing', 'published', 'failed', 'dead_letter')",
         name="ck_outbox_events_status",
     ),
+    CheckConstraint("ordering_key <> ''", name="ck_outbox_events_ordering_key"),
 )
 
-# The claim query's first predicate is exactly this expression, so both SQLite
-# (which matches partial-index predicates textually) and PostgreSQL use the index.
+# The claim queries repeat these predicates exactly, so both SQLite (which matches
+# partial-index predicates term by term) and PostgreSQL use the partial indexes.
 ACTIVE_PREDICATE = "status IN ('pending', 'publishing', 'failed')"
+UNORDERED_PREDICATE = "ordering_key IS NULL"
+# Rows that hold back the later events of their key: not yet delivered, or dead-lettered
+# and not skipped.
+KEY_UNFINISHED_PREDICATE = (
+    "(status IN ('pending', 'publishing', 'failed') "
+    "OR (status = 'dead_letter' AND skipped_at IS NULL))"
+)
+KEYED_PREDICATE = "ordering_key IS NOT NULL"
+IN_FLIGHT_PREDICATE = "status = 'publishing'"
 
+
+def _where(*terms: str) -> Any:
+    clause = text(" AND ".join(terms))
+    return {"postgresql_where": clause, "sqlite_where": clause}
+
+
+# Unordered claim: due rows in write order.
 Index(
-    "ix_outbox_events_active",
-    outbox_events.c.id,
-    postgresql_where=text(ACTIVE_PREDICATE),
-    sqlite_where=text(ACTIVE_PREDICATE),
+    "ix_outbox_events_unordered",
+    outbox_events.c.seq,
+    **_where(ACTIVE_PREDICATE, UNORDERED_PREDICATE),
+)
+# Ordered claim: the head of each key is the first entry of the key in this index, so the
+# claim walks keys (one probe each), never the rows queued behind a head.
+Index(
+    "ix_outbox_events_key_order",
+    outbox_events.c.ordering_key,
+    outbox_events.c.seq,
+    **_where(KEYED_PREDICATE, KEY_UNFINISHED_PREDICATE),
+)
+# "Is any event of this key in flight?": a few entries, one per claimed ordered row.
+Index(
+    "ix_outbox_events_key_in_flight",
+    outbox_events.c.ordering_key,
+    **_where(KEYED_PREDICATE, IN_FLIGHT_PREDICATE),
 )
 # Expired leases (crash recovery) and "stuck in publishing" counts.
 Index(
@@ -148,6 +196,29 @@ Index(
 )
 # Operators look events up by aggregate id (the console's filter, incident triage).
 Index("ix_outbox_events_aggregate_id", outbox_events.c.aggregate_id)
+
+
+
+@compiles(CreateColumn, "sqlite")
+def _sqlite_identity_column(element: CreateColumn, compiler: DDLCompiler, **kw: Any) -> Any:
+    """SQLite has no identity columns: ``seq`` is left nullable there and the trigger below
+    copies the rowid into it (SQLite gives a new row a rowid above every existing one)."""
+    ddl = compiler.visit_create_column(element, **kw)  # type: ignore[no-untyped-call]
+    if ddl is not None and element.element.identity is not None:
+        ddl = ddl.replace(" NOT NULL", "")
+    return ddl
+
+
+SQLITE_SEQ_TRIGGER = (
+    "CREATE TRIGGER IF NOT EXISTS outbox_events_seq AFTER INSERT ON outbox_events "
+    "FOR EACH ROW WHEN NEW.seq IS NULL BEGIN "
+    "UPDATE outbox_events SET seq = NEW.rowid WHERE rowid = NEW.rowid; END"
+)
+event.listen(
+    outbox_events,
+    "after_create",
+    DDL(SQLITE_SEQ_TRIGGER).execute_if(dialect="sqlite"),  # type: ignore[no-untyped-call]
+)
 
 process_heartbeats = Table(
     "process_heartbeats",
@@ -215,6 +286,8 @@ replay_log = Table(
     Column("cleared_last_error", Text, nullable=True),
     Column("previous_attempt_count", Integer, nullable=False),
     Column("replayed_at", UtcDateTime(), nullable=False),
+    # "replay" (back to pending) or "skip" (a dead letter released its ordering key).
+    Column("action", String(16), nullable=False, server_default="replay"),
 )
 Index("ix_outbox_replay_log_event", replay_log.c.event_id, replay_log.c.id)
 

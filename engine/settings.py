@@ -35,6 +35,7 @@ from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engine.database import DEFAULT_DATABASE_URL, parse_database_url
+from engine.dispatcher import DEFAULT_HANDLER_TIMEOUT, DEFAULT_MAX_CONCURRENCY
 from engine.errors import ConfigurationError, DatabaseUrlError
 
 ENV_PREFIX = "OUTBOX_"
@@ -51,6 +52,10 @@ class DispatcherSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     batch_size: Annotated[int, Field(ge=1, le=1000)] = 100
+    # Events of a batch delivered at once (handlers awaiting I/O overlap), and how long one
+    # handler may run before it counts as a transient failure (below lease_seconds).
+    max_concurrency: Annotated[int, Field(ge=1, le=10_000)] = DEFAULT_MAX_CONCURRENCY
+    handler_timeout_seconds: Seconds = DEFAULT_HANDLER_TIMEOUT
     idle_sleep_seconds: Seconds = 1.0
     lease_seconds: Seconds = 30.0
     # None: each row's own max_attempts; a number overrides every row's budget.
@@ -96,6 +101,12 @@ class DispatcherSettings(BaseModel):
                 "backoff_max_seconds",
                 self.backoff_max_seconds,
                 f"at least backoff_base_seconds ({self.backoff_base_seconds:g})",
+            )
+        if self.handler_timeout_seconds >= self.lease_seconds:
+            raise _conflict(
+                "handler_timeout_seconds",
+                self.handler_timeout_seconds,
+                f"below lease_seconds ({self.lease_seconds:g})",
             )
         if self.storage_retry_max_seconds < self.storage_retry_initial_seconds:
             raise _conflict(

@@ -15,34 +15,41 @@ write lock makes select-and-update atomic across processes.
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
     Text,
+    TextClause,
     and_,
+    bindparam,
     case,
-    exists,
+    column,
     or_,
-    select,
     text,
     tuple_,
     type_coerce,
-    union_all,
     update,
 )
 from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql.selectable import TextualSelect
 
 from engine.schema import (
     ACTIVE_PREDICATE,
     DEAD_LETTER,
     FAILED,
+    IN_FLIGHT_PREDICATE,
+    KEY_UNFINISHED_PREDICATE,
+    KEYED_PREDICATE,
     PENDING,
     PUBLISHED,
     PUBLISHING,
+    UNORDERED_PREDICATE,
+    UtcDateTime,
     outbox_events,
 )
 
@@ -60,6 +67,15 @@ class ClaimedRow:
     @property
     def event_id(self) -> str:
         return str(self.values["id"])
+
+    @property
+    def seq(self) -> int:
+        return int(self.values["seq"])
+
+    @property
+    def ordering_key(self) -> str | None:
+        key = self.values["ordering_key"]
+        return None if key is None else str(key)
 
     @property
     def claim_version(self) -> int:
@@ -106,6 +122,136 @@ def _abandoned(now: datetime) -> Any:
     return and_(t.c.status == PUBLISHING, t.c.locked_until < now)
 
 
+# The claim, as SQL text: a recursive walk over keys reads better here than its
+# SQLAlchemy spelling. Three parts, each a CTE:
+#
+# abandoned  one row whose lease expired, reclaimed alone (see claim_batch).
+# ordered    the heads of ordering keys. ``keys`` walks the distinct keys that have
+#            unfinished rows through ix_outbox_events_key_order (a skip scan: one index
+#            probe per key, from the dispatcher's key cursor on), ``heads`` takes each
+#            key's first unfinished row, and a head is claimed only if it is due and no
+#            row of its key is in flight. Rows queued behind a head are never visited.
+# unordered  due rows without a key, in seq order, through ix_outbox_events_unordered.
+#
+# The two sources share the batch; which one fills it first alternates by round. On
+# PostgreSQL, FOR UPDATE SKIP LOCKED makes concurrent dispatchers take disjoint rows and
+# re-checks each locked row against its latest version. On SQLite the statement runs
+# inside BEGIN IMMEDIATE: the write lock makes it atomic across processes.
+_DUE = (
+    "e.status IN ('pending', 'failed') "
+    "AND (e.next_retry_at IS NULL OR e.next_retry_at <= :now) "
+    "AND (e.locked_until IS NULL OR e.locked_until < :now)"
+)
+
+
+_UNFINISHED_KEYED = f"{KEYED_PREDICATE} AND {KEY_UNFINISHED_PREDICATE}"
+
+
+def _table_for(dialect: str) -> Callable[..., str]:
+    def table(index: str, alias: str = "") -> str:
+        # SQLite's planner, like PostgreSQL's on tiny tables, may prefer another index;
+        # INDEXED BY pins the one each part is written for (and fails loudly without it).
+        named = f"outbox_events AS {alias}" if alias else "outbox_events"
+        return named if dialect == "postgresql" else f"{named} INDEXED BY ix_outbox_events_{index}"
+
+    return table
+
+
+def _key_walk(table: Callable[..., str], unfinished: str) -> str:
+    """Distinct keys with unfinished rows after ``:key_cursor``: at most ``:walk_limit``."""
+    return f"""keys(k, n) AS (
+    SELECT min(ordering_key), 1 FROM {table("key_order")}
+    WHERE ordering_key > :key_cursor AND {unfinished}
+    UNION ALL
+    SELECT (SELECT min(ordering_key) FROM {table("key_order")}
+            WHERE ordering_key > keys.k AND {unfinished}), keys.n + 1
+    FROM keys WHERE keys.k IS NOT NULL AND keys.n < :walk_limit
+)"""
+
+
+@functools.cache
+def _walk_end_statement(dialect: str) -> TextClause:
+    """The last key a capped walk from ``:key_cursor`` reaches, and how many it saw."""
+    walk = _key_walk(_table_for(dialect), _UNFINISHED_KEYED)
+    return text(
+        f"WITH RECURSIVE {walk} SELECT k, n FROM keys WHERE k IS NOT NULL ORDER BY n DESC LIMIT 1"
+    )
+
+
+def _claim_sql(dialect: str, ordered_first: bool) -> str:
+    lock = " FOR UPDATE OF e SKIP LOCKED" if dialect == "postgresql" else ""
+    table = _table_for(dialect)
+    unfinished = _UNFINISHED_KEYED
+    first, second = ("ordered", "unordered") if ordered_first else ("unordered", "ordered")
+    limits = {first: ":batch", second: f"(:batch - (SELECT count(*) FROM {first}))"}
+    return f"""
+WITH RECURSIVE
+abandoned AS (
+    SELECT e.id FROM {table("lease", "e")}
+    WHERE e.status = 'publishing' AND e.locked_until < :now
+    ORDER BY e.locked_until LIMIT 1{lock}
+),
+{_key_walk(table, unfinished)},
+heads AS (
+    SELECT (SELECT id FROM {table("key_order")}
+            WHERE ordering_key = keys.k AND {unfinished}
+            ORDER BY seq LIMIT 1) AS id
+    FROM keys WHERE keys.k IS NOT NULL
+),
+ordered AS (
+    SELECT e.id FROM heads CROSS JOIN outbox_events AS e
+    WHERE e.id = heads.id AND NOT EXISTS (SELECT 1 FROM abandoned) AND {_DUE}
+    AND (
+        SELECT 1 FROM {table("key_in_flight", "f")}
+        WHERE f.ordering_key = e.ordering_key AND {KEYED_PREDICATE} AND {IN_FLIGHT_PREDICATE}
+        LIMIT 1
+    ) IS NULL
+    LIMIT {limits["ordered"]}{lock}
+),
+unordered AS (
+    SELECT e.id FROM {table("unordered", "e")}
+    WHERE {ACTIVE_PREDICATE} AND {UNORDERED_PREDICATE}
+    AND NOT EXISTS (SELECT 1 FROM abandoned) AND {_DUE}
+    ORDER BY e.seq LIMIT {limits["unordered"]}{lock}
+)
+UPDATE outbox_events SET
+    status = 'publishing',
+    locked_by = :dispatcher_id,
+    locked_until = :locked_until,
+    claim_version = claim_version + 1,
+    attempt_count = attempt_count + 1
+WHERE id IN (
+    SELECT id FROM abandoned
+    UNION ALL SELECT id FROM ordered
+    UNION ALL SELECT id FROM unordered
+)
+"""
+
+
+@functools.cache
+def _claim_statement(dialect: str, ordered_first: bool) -> TextualSelect:
+    returned = [c for c in t.c if c.name != "payload"]
+    returning = ", ".join(c.name for c in returned) + ", payload"
+    if dialect == "postgresql":
+        returning = returning.replace("payload", "payload::text AS payload")
+    return (
+        text(_claim_sql(dialect, ordered_first) + "RETURNING " + returning)
+        .bindparams(
+            bindparam("now", type_=UtcDateTime()),
+            bindparam("locked_until", type_=UtcDateTime()),
+        )
+        .columns(*returned, column("payload", Text))
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedBatch:
+    """The rows one claim took, and where this dispatcher's walk over keys got to."""
+
+    rows: list[ClaimedRow]
+    key_cursor: str
+
+
 async def claim_batch(
     conn: AsyncConnection,
     *,
@@ -113,42 +259,47 @@ async def claim_batch(
     batch_size: int,
     lease: timedelta,
     now: datetime,
-) -> list[ClaimedRow]:
-    """Claim up to ``batch_size`` due rows in one statement; oldest first.
+    key_cursor: str = "",
+    ordered_first: bool = True,
+    walk_limit: int | None = None,
+) -> ClaimedBatch:
+    """Claim up to ``batch_size`` due rows in one statement (see ``_claim_sql``).
 
     A row whose lease expired is reclaimed alone, one per claim, ahead of waiting
     rows: if it is what killed the last dispatcher, it can only spend its own
     attempts, never those of a whole batch of innocent rows claimed with it.
+
+    Ordered rows are heads of their keys only, at most one per key, and only
+    while no other row of the key is in flight. ``key_cursor`` is where the walk
+    over keys starts (keys after it); the returned cursor continues the walk
+    next time, or starts over when this walk reached the last key. A walk visits
+    at most ``walk_limit`` keys (default: 4 x batch, at least 100), so many blocked
+    keys cost bounded work per claim.
     """
-    abandoned = select(t.c.id).where(_abandoned(now)).order_by(t.c.locked_until).limit(1)
-    if conn.dialect.name == "postgresql":
-        abandoned = abandoned.with_for_update(skip_locked=True)
-    abandoned_cte = abandoned.cte("abandoned")
-    waiting = (
-        select(t.c.id)
-        .where(_waiting(now), ~exists(select(abandoned_cte.c.id)))
-        .order_by(t.c.id)
-        .limit(batch_size)
+    walk_limit = walk_limit or max(4 * batch_size, 100)
+    stmt = _claim_statement(conn.dialect.name, ordered_first)
+    result = await conn.execute(
+        stmt,
+        {
+            "now": now,
+            "locked_until": now + lease,
+            "dispatcher_id": dispatcher_id,
+            "batch": batch_size,
+            "key_cursor": key_cursor,
+            "walk_limit": walk_limit,
+        },
     )
-    if conn.dialect.name == "postgresql":
-        waiting = waiting.with_for_update(skip_locked=True)
-    waiting_cte = waiting.cte("waiting")
-    claimable = union_all(select(abandoned_cte.c.id), select(waiting_cte.c.id))
-    stmt = (
-        update(t)
-        .where(t.c.id.in_(claimable))
-        .values(
-            status=PUBLISHING,
-            locked_by=dispatcher_id,
-            locked_until=now + lease,
-            claim_version=t.c.claim_version + 1,
-            attempt_count=t.c.attempt_count + 1,
-        )
-    )
-    result = await conn.execute(stmt.returning(*_claim_columns()))
     rows = [ClaimedRow(values=dict(row), raw_payload=row["payload"]) for row in result.mappings()]
-    rows.sort(key=lambda r: r.event_id)
-    return rows
+    rows.sort(key=lambda r: r.seq)
+    keys = [r.ordering_key for r in rows if r.ordering_key is not None]
+    if keys and len(rows) >= batch_size:
+        return ClaimedBatch(rows, max(keys))  # the batch filled up: go on after its last key
+    # The walk either reached the last key (start over next time) or stopped at its cap
+    # among keys that are blocked or in flight (go on after the last key it saw).
+    params = {"key_cursor": key_cursor, "walk_limit": walk_limit}
+    end = (await conn.execute(_walk_end_statement(conn.dialect.name), params)).first()
+    capped = end is not None and int(end.n) >= walk_limit
+    return ClaimedBatch(rows, str(end.k) if capped and end is not None else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,8 +376,14 @@ async def mark_dead_letter(
     *,
     error: str,
     reason: str,
+    release_key: bool = False,
 ) -> bool:
-    """Move an event to the dead letter; False if the lease was lost."""
+    """Move an event to the dead letter; False if the lease was lost.
+
+    A dead letter with an ordering key holds back the later events of its key
+    until it is replayed or skipped; ``release_key`` skips it at once (the event
+    type's ``skip`` policy).
+    """
     stmt = (
         update(t)
         .where(t.c.id == event_id, t.c.claim_version == claim_version, _held(fence))
@@ -235,6 +392,7 @@ async def mark_dead_letter(
             last_error=truncate_error(error),
             dead_letter_reason=truncate_error(reason),
             next_retry_at=None,
+            skipped_at=fence.now if release_key else None,
             **_RELEASE_LOCK,
         )
         .returning(t.c.id)

@@ -245,7 +245,7 @@ async def test_a_row_whose_leases_keep_expiring_is_dead_lettered_not_looped(db, 
             claimed = await store.claim_batch(
                 conn, dispatcher_id="crash", batch_size=10, lease=timedelta(seconds=5), now=clock()
             )
-        assert [c.event_id for c in claimed] == [event_id]
+        assert [c.event_id for c in claimed.rows] == [event_id]
         clock.advance(6)
     called = []
 
@@ -410,7 +410,7 @@ async def test_expired_leases_are_reclaimed_one_at_a_time_so_a_poison_row_cannot
             rows = await store.claim_batch(
                 conn, dispatcher_id="crashy", batch_size=10, lease=lease, now=clock()
             )
-        return [r.event_id for r in rows]
+        return [r.event_id for r in rows.rows]
 
     assert await claim() == ids  # the dispatcher takes all five, then dies
     clock.advance(6)

@@ -60,25 +60,38 @@ async def test_sleeps_only_after_a_round_that_claimed_nothing(db, registry):
     assert 0.4 <= elapsed < 3.0
 
 
-async def test_shutdown_lets_the_current_batch_finish(db, registry):
+async def test_shutdown_lets_handlers_in_flight_finish_and_starts_no_more(db, registry):
     shutdown = asyncio.Event()
-    handled = []
+    started = []
+    finished = []
+    release = asyncio.Event()
 
-    @registry.handler("orders.placed", key="orders.stop_on_first")
-    async def stop_on_first(envelope):
-        handled.append(envelope.event_id)
-        shutdown.set()  # e.g. SIGTERM arrives while the batch is being delivered
+    @registry.handler("orders.placed", key="orders.slow")
+    async def slow(envelope):
+        started.append(envelope.event_id)
+        if len(started) == 3:
+            shutdown.set()  # SIGTERM arrives while three handlers are in flight
+            release.set()
+        await release.wait()
+        finished.append(envelope.event_id)
 
     ids = await publish(db, registry, count=8)
-    settings = fast(batch_size=5)
+    settings = fast(batch_size=6, max_concurrency=3)
     summary = await run_dispatcher(
         build_dispatcher(db, registry, settings), settings=settings, shutdown=shutdown
     )
     assert summary.shutdown_requested
-    assert (summary.iterations, summary.claimed, summary.published) == (1, 5, 5)
-    assert handled == ids[:5]
+    assert (summary.iterations, summary.claimed, summary.published) == (1, 6, 3)
+    assert sorted(started) == sorted(finished) == ids[:3]
     stored = await statuses(db)
-    assert [stored[i] for i in ids] == ["published"] * 5 + ["pending"] * 3
+    assert [stored[i] for i in ids] == ["published"] * 3 + ["pending"] * 5
+    async with db.connect() as conn:  # handed back without spending an attempt
+        attempts = (
+            await conn.exec_driver_sql(
+                "SELECT attempt_count FROM outbox_events WHERE status = 'pending'"
+            )
+        ).scalars().all()
+    assert attempts == [0] * 5
 
 
 async def test_shutdown_interrupts_a_long_idle_sleep(db, registry):

@@ -96,7 +96,7 @@ async def test_an_unreachable_database_is_retried_with_capped_backoff(dead_url, 
 async def test_a_bug_in_a_round_propagates(db, registry):
     dispatcher = build_dispatcher(db, registry, fast())
 
-    async def broken():
+    async def broken(stop=None):
         raise ZeroDivisionError("bug")
 
     dispatcher.dispatch_once = broken
