@@ -20,8 +20,8 @@ from engine.errors import (
 )
 from engine.idempotency import IdempotencyStore
 from engine.publisher import OutboxEventPublisher
-from engine.registry import EventRegistry, EventSchemaSpec
-from engine.replay import replay_dead_letter
+from engine.registry import EventRegistry, EventSchemaSpec, Ordering
+from engine.replay import replay_dead_letter, skip_dead_letter
 from engine.schema import metadata
 from engine.side_effects import run_event_side_effect
 from engine.uow import unit_of_work
@@ -36,6 +36,7 @@ __all__ = [
     "EventSchemaSpec",
     "EventValidationError",
     "IdempotencyStore",
+    "Ordering",
     "OutboxDispatcher",
     "OutboxError",
     "OutboxEventPublisher",
@@ -48,5 +49,6 @@ __all__ = [
     "metadata",
     "replay_dead_letter",
     "run_event_side_effect",
+    "skip_dead_letter",
     "unit_of_work",
 ]

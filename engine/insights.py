@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Select, Text, func, select, type_coerce
+from sqlalchemy import Integer, Select, Text, column, func, select, text, type_coerce
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from engine.clock import Clock, utc_now
@@ -23,10 +23,14 @@ from engine.database import read_only_engine, storage_errors
 from engine.errors import EventNotFoundError
 from engine.schema import (
     DEAD_LETTER,
+    KEY_STALLED_PREDICATE,
+    KEY_UNFINISHED_PREDICATE,
+    KEYED_PREDICATE,
     PENDING,
     PUBLISHED,
     PUBLISHING,
     STATUSES,
+    UtcDateTime,
     handler_runs,
     outbox_events,
     process_heartbeats,
@@ -75,12 +79,39 @@ class OverviewSnapshot:
     awaiting_purge: int | None
     retention_seconds: float | None
     heartbeats: Sequence[HeartbeatView]
+    # Ordering keys whose head is failed or dead-lettered, and the oldest such head.
+    blocked_keys: int = 0
+    oldest_blocked_head_at: datetime | None = None
 
     @property
     def oldest_pending_age_seconds(self) -> float | None:
         if self.oldest_pending_at is None:
             return None
         return max(0.0, (self.taken_at - self.oldest_pending_at).total_seconds())
+
+    @property
+    def oldest_blocked_head_age_seconds(self) -> float | None:
+        if self.oldest_blocked_head_at is None:
+            return None
+        return max(0.0, (self.taken_at - self.oldest_blocked_head_at).total_seconds())
+
+
+@dataclass(frozen=True, slots=True)
+class BlockedKey:
+    """An ordering key held back by its head: a failed or dead-lettered event.
+
+    ``waiting`` counts the unfinished events of the key behind the head; they
+    go on once the head is published (a retry or a replay) or skipped.
+    """
+
+    ordering_key: str
+    head_id: str
+    head_status: str
+    head_event_type: str
+    head_error: str | None
+    head_created_at: datetime
+    head_age_seconds: float
+    waiting: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,11 +122,15 @@ class EventFilter:
     event_type: str | None = None
     tenant_id: str | None = None
     aggregate_id: str | None = None
+    # Only the key's events that are not delivered yet (the ones that wait in order).
+    ordering_key: str | None = None
 
     def describe(self) -> str:
         parts = []
         if self.statuses:
             parts.append("status=" + ",".join(self.statuses))
+        if self.ordering_key:
+            parts.append(f"key={self.ordering_key} (undelivered)")
         for name in ("event_type", "tenant_id", "aggregate_id"):
             value = getattr(self, name)
             if value:
@@ -123,6 +158,7 @@ class EventSummary:
     last_error: str | None
     dead_letter_reason: str | None
     replay_count: int
+    ordering_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +182,8 @@ class EventDetail:
     replays: Sequence[Mapping[str, Any]] = field(default_factory=tuple)
     handler_runs: Sequence[Mapping[str, Any]] = field(default_factory=tuple)
     side_effects: Sequence[Mapping[str, Any]] = field(default_factory=tuple)
+    # Undelivered events of the same ordering key written before this one (None: unordered).
+    earlier_in_key: int | None = None
 
     @property
     def trace_id(self) -> str | None:
@@ -182,7 +220,23 @@ _SUMMARY_COLUMNS = (
     t.c.last_error,
     t.c.dead_letter_reason,
     t.c.replay_count,
+    t.c.ordering_key,
 )
+
+_KEY_UNFINISHED = text(f"{KEYED_PREDICATE} AND {KEY_UNFINISHED_PREDICATE}")
+# Stalled keyed rows (ix_outbox_events_key_stalled) that are the head of their key. In the
+# NOT EXISTS, unqualified names are the inner table's (p).
+_BLOCKED_HEADS = f"""
+SELECT e.ordering_key, e.id, e.status, e.event_type, e.last_error, e.dead_letter_reason,
+       e.created_at, e.seq
+FROM outbox_events AS e
+WHERE {KEYED_PREDICATE} AND {KEY_STALLED_PREDICATE}
+AND NOT EXISTS (
+    SELECT 1 FROM outbox_events AS p
+    WHERE p.ordering_key = e.ordering_key AND p.seq < e.seq
+    AND {KEYED_PREDICATE} AND {KEY_UNFINISHED_PREDICATE}
+)
+"""
 
 
 def _filtered(stmt: Select[Any], flt: EventFilter) -> Select[Any]:
@@ -201,6 +255,8 @@ def _filtered(stmt: Select[Any], flt: EventFilter) -> Select[Any]:
         stmt = stmt.where(t.c.tenant_id == flt.tenant_id)
     if flt.aggregate_id:
         stmt = stmt.where(t.c.aggregate_id == flt.aggregate_id)
+    if flt.ordering_key:
+        stmt = stmt.where(t.c.ordering_key == flt.ordering_key, _KEY_UNFINISHED)
     return stmt
 
 
@@ -258,6 +314,13 @@ class OutboxInsights:
                     .where(t.c.status == PUBLISHED, t.c.published_at < cutoff),
                 )
             heartbeats = await self._heartbeats(conn, now)
+            blocked = (
+                await conn.execute(
+                    text(
+                        f"SELECT count(*), min(created_at) FROM ({_BLOCKED_HEADS}) AS heads"
+                    ).columns(column("n", Integer), column("oldest", UtcDateTime()))
+                )
+            ).one()
         return OverviewSnapshot(
             taken_at=now,
             counts=counts,
@@ -268,7 +331,51 @@ class OutboxInsights:
             awaiting_purge=awaiting_purge,
             retention_seconds=self.retention_seconds,
             heartbeats=heartbeats,
+            blocked_keys=int(blocked.n or 0),
+            oldest_blocked_head_at=blocked.oldest,
         )
+
+    async def blocked_keys(self, *, limit: int = 50) -> list[BlockedKey]:
+        """Keys held back by a failed or dead-lettered head, oldest head first."""
+        now = self._clock()
+        heads_stmt = text(f"{_BLOCKED_HEADS} ORDER BY e.created_at, e.seq LIMIT :limit").columns(
+            column("ordering_key", Text),
+            column("id", Text),
+            column("status", Text),
+            column("event_type", Text),
+            column("last_error", Text),
+            column("dead_letter_reason", Text),
+            column("created_at", UtcDateTime()),
+            column("seq", Integer),
+        )
+        async with storage_errors(self._engine.url), self._engine.connect() as conn:
+            heads = (await conn.execute(heads_stmt, {"limit": limit})).all()
+            found = []
+            for head in heads:
+                waiting = await _key_count(conn, head.ordering_key, t.c.seq > head.seq)
+                found.append(
+                    BlockedKey(
+                        ordering_key=head.ordering_key,
+                        head_id=head.id,
+                        head_status=head.status,
+                        head_event_type=head.event_type,
+                        head_error=head.dead_letter_reason or head.last_error,
+                        head_created_at=head.created_at,
+                        head_age_seconds=max(0.0, (now - head.created_at).total_seconds()),
+                        waiting=waiting,
+                    )
+                )
+        return found
+
+    async def waiting_behind(self, event_id: str) -> int:
+        """Undelivered events of ``event_id``'s key written after it (0 when unordered)."""
+        async with storage_errors(self._engine.url), self._engine.connect() as conn:
+            row = (
+                await conn.execute(select(t.c.ordering_key, t.c.seq).where(t.c.id == event_id))
+            ).first()
+            if row is None or row.ordering_key is None:
+                return 0
+            return await _key_count(conn, row.ordering_key, t.c.seq > row.seq)
 
     async def heartbeats(self) -> list[HeartbeatView]:
         async with storage_errors(self._engine.url), self._engine.connect() as conn:
@@ -382,6 +489,9 @@ class OutboxInsights:
                 .where(side_effects.c.event_id == event_id)
                 .order_by(side_effects.c.id),
             )
+            earlier = None
+            if row["ordering_key"] is not None:
+                earlier = await _key_count(conn, row["ordering_key"], t.c.seq < row["seq"])
         values = dict(row)
         payload: Any = values.pop("payload")
         payload_error = None
@@ -390,11 +500,19 @@ class OutboxInsights:
                 payload = json.loads(payload)
             except ValueError as exc:
                 payload_error = f"corrupt payload: {exc}"
-        return EventDetail(values, payload, payload_error, replays, runs, effects)
+        return EventDetail(values, payload, payload_error, replays, runs, effects, earlier)
 
 
 async def _scalar(conn: AsyncConnection, stmt: Select[Any]) -> int:
     return int((await conn.execute(stmt)).scalar_one())
+
+
+async def _key_count(conn: AsyncConnection, key: str, where: Any) -> int:
+    """Undelivered events of one key matching ``where`` (ix_outbox_events_key_order)."""
+    stmt = (
+        select(func.count()).select_from(t).where(t.c.ordering_key == key, where, _KEY_UNFINISHED)
+    )
+    return await _scalar(conn, stmt)
 
 
 async def _all(conn: AsyncConnection, stmt: Select[Any]) -> list[dict[str, Any]]:

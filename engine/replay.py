@@ -1,14 +1,27 @@
-"""Send dead letters back to pending, with an audit trail."""
+"""Send dead letters back to pending, or release their ordering keys, with an audit trail.
+
+A dead letter with an ordering key holds back the later events of its key
+(``block``). Two operator actions release it: ``replay_dead_letter`` sends it
+back to pending (it is delivered first, then the key goes on), and
+``skip_dead_letter`` leaves it in the dead letter and lets the key go on
+without it. Both write one ``outbox_replay_log`` row per event (``action``
+replay or skip) with who, why and when.
+
+A skipped event that is replayed later goes to the back of its key's queue (a
+new ``seq``): its key has moved on, and it must not jump ahead of events that
+may already be in flight.
+"""
 
 from __future__ import annotations
 
 import getpass
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
-from sqlalchemy import insert, select, update
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy import insert, select, text, update
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from engine.clock import utc_now
 from engine.errors import ReplayError
@@ -22,6 +35,14 @@ class ReplayResult:
     """Which events went back to pending, and why the others were refused."""
 
     replayed: list[str] = field(default_factory=list)
+    refused: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class SkipResult:
+    """Which dead letters released their keys, and why the others were refused."""
+
+    skipped: list[str] = field(default_factory=list)
     refused: dict[str, str] = field(default_factory=dict)
 
 
@@ -59,7 +80,12 @@ async def replay_dead_letter(
             row.id: row
             for row in await conn.execute(
                 select(
-                    t.c.id, t.c.status, t.c.dead_letter_reason, t.c.last_error, t.c.attempt_count
+                    t.c.id,
+                    t.c.status,
+                    t.c.dead_letter_reason,
+                    t.c.last_error,
+                    t.c.attempt_count,
+                    t.c.skipped_at,
                 )
                 .where(t.c.id.in_(unique_ids))
                 .with_for_update()
@@ -88,6 +114,7 @@ async def replay_dead_letter(
                             locked_until=None,
                             replay_count=t.c.replay_count + 1,
                             last_replayed_at=now,
+                            skipped_at=None,
                         )
                         .returning(t.c.id)
                     )
@@ -97,23 +124,133 @@ async def replay_dead_letter(
             for event_id in candidates:
                 if event_id not in replayed:
                     result.refused[event_id] = "changed status while being replayed"
-        if result.replayed:
-            await conn.execute(
-                insert(replay_log),
-                [
-                    {
-                        "event_id": event_id,
-                        "operator": operator,
-                        "reason": reason,
-                        "cleared_dead_letter_reason": current[event_id].dead_letter_reason,
-                        "cleared_last_error": current[event_id].last_error,
-                        "previous_attempt_count": current[event_id].attempt_count,
-                        "replayed_at": now,
-                    }
-                    for event_id in result.replayed
-                ],
-            )
+            for event_id in result.replayed:
+                if current[event_id].skipped_at is not None:
+                    await _to_back_of_key(conn, event_id)
+        await _audit(conn, "replay", result.replayed, current, operator, reason, now)
     if strict and result.refused:
         detail = "; ".join(f"{i}: {why}" for i, why in result.refused.items())
         raise ReplayError(f"refused to replay {len(result.refused)} event(s): {detail}")
     return result
+
+
+async def skip_dead_letter(
+    engine: AsyncEngine,
+    event_ids: Sequence[str],
+    *,
+    operator: str | None = None,
+    reason: str | None = None,
+    now: datetime | None = None,
+    strict: bool = True,
+) -> SkipResult:
+    """Let the later events of each dead letter's ordering key go on without it.
+
+    Only dead letters with an ordering key that still hold it are skipped (a
+    conditional update); they stay in the dead letter, where a replay can still
+    send them (to the back of their key). Refusals work as in ``replay_dead_letter``.
+    """
+    operator = operator or default_operator()
+    now = now or utc_now()
+    result = SkipResult()
+    unique_ids = list(dict.fromkeys(event_ids))
+    async with engine.begin() as conn:
+        current = {
+            row.id: row
+            for row in await conn.execute(
+                select(
+                    t.c.id,
+                    t.c.status,
+                    t.c.ordering_key,
+                    t.c.skipped_at,
+                    t.c.dead_letter_reason,
+                    t.c.last_error,
+                    t.c.attempt_count,
+                )
+                .where(t.c.id.in_(unique_ids))
+                .with_for_update()
+            )
+        }
+        for event_id in unique_ids:
+            row = current.get(event_id)
+            if row is None:
+                result.refused[event_id] = "no such event"
+            elif row.status != DEAD_LETTER:
+                result.refused[event_id] = f"status is {row.status}, not dead_letter"
+            elif row.ordering_key is None:
+                result.refused[event_id] = "it has no ordering key: nothing waits behind it"
+            elif row.skipped_at is not None:
+                result.refused[event_id] = "it was skipped already"
+        candidates = [i for i in unique_ids if i not in result.refused]
+        if candidates:
+            skipped = set(
+                (
+                    await conn.execute(
+                        update(t)
+                        .where(
+                            t.c.id.in_(candidates),
+                            t.c.status == DEAD_LETTER,
+                            t.c.skipped_at.is_(None),
+                        )
+                        .values(skipped_at=now)
+                        .returning(t.c.id)
+                    )
+                ).scalars()
+            )
+            result.skipped = [i for i in candidates if i in skipped]
+            for event_id in candidates:
+                if event_id not in skipped:
+                    result.refused[event_id] = "changed status while being skipped"
+        await _audit(conn, "skip", result.skipped, current, operator, reason, now)
+    if strict and result.refused:
+        detail = "; ".join(f"{i}: {why}" for i, why in result.refused.items())
+        raise ReplayError(f"refused to skip {len(result.refused)} event(s): {detail}")
+    return result
+
+
+async def _audit(
+    conn: AsyncConnection,
+    action: str,
+    event_ids: Sequence[str],
+    before: Mapping[str, Any],
+    operator: str,
+    reason: str | None,
+    now: datetime,
+) -> None:
+    """One ``outbox_replay_log`` row per event an operator action changed."""
+    if not event_ids:
+        return
+    await conn.execute(
+        insert(replay_log),
+        [
+            {
+                "event_id": event_id,
+                "action": action,
+                "operator": operator,
+                "reason": reason,
+                "cleared_dead_letter_reason": before[event_id].dead_letter_reason,
+                "cleared_last_error": before[event_id].last_error,
+                "previous_attempt_count": before[event_id].attempt_count,
+                "replayed_at": now,
+            }
+            for event_id in event_ids
+        ],
+    )
+
+
+async def _to_back_of_key(conn: AsyncConnection, event_id: str) -> None:
+    """Give a replayed, skipped event a new ``seq``: after every event of its key.
+
+    PostgreSQL draws it from the identity sequence. On SQLite, ``seq`` is the
+    rowid, so the row takes the next rowid and the two stay equal.
+    """
+    if conn.dialect.name == "postgresql":
+        sql = (
+            "UPDATE outbox_events SET seq = nextval(pg_get_serial_sequence('outbox_events', 'seq'))"
+            " WHERE id = :id"
+        )
+    else:
+        sql = (
+            "UPDATE outbox_events SET rowid = (SELECT max(rowid) + 1 FROM outbox_events), "
+            "seq = (SELECT max(rowid) + 1 FROM outbox_events) WHERE id = :id"
+        )
+    await conn.execute(text(sql), {"id": event_id})

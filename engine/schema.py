@@ -172,6 +172,14 @@ Index(
     outbox_events.c.seq,
     **_where(KEYED_PREDICATE, KEY_UNFINISHED_PREDICATE),
 )
+# Keys held back by a failed or dead-lettered event (operators' "blocked keys"): small.
+KEY_STALLED_PREDICATE = "(status = 'failed' OR (status = 'dead_letter' AND skipped_at IS NULL))"
+Index(
+    "ix_outbox_events_key_stalled",
+    outbox_events.c.ordering_key,
+    outbox_events.c.seq,
+    **_where(KEYED_PREDICATE, KEY_STALLED_PREDICATE),
+)
 # "Is any event of this key in flight?": a few entries, one per claimed ordered row.
 Index(
     "ix_outbox_events_key_in_flight",

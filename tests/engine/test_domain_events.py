@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import String
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from engine import AggregateRoot, EventRegistry, unit_of_work
+from engine import AggregateRoot, EventRegistry, Ordering, unit_of_work
 from engine.errors import DomainEventError, EventRegistrationError
 
 from .conftest import CTX, rows
@@ -82,6 +82,20 @@ async def test_placing_an_order_emits_the_event_without_publishing_code(orders_d
         **CTX.envelope_fields(),
     }
     assert order.domain_events == ()  # cleared after the commit
+
+
+async def test_a_mapping_carries_the_ordering_of_its_event_type(orders_db):
+    registry = EventRegistry()
+    registry.map_domain_event(
+        OrderPlaced, event_type="orders.placed", aggregate_type="order", ordering=Ordering()
+    )
+    async with unit_of_work(orders_db, registry=registry, context=CTX) as session:
+        order = Order(id="o-9")
+        session.add(order)
+        order.place()
+    [event] = await rows(orders_db)
+    assert event["ordering_key"] == "order:o-9"
+    assert registry.dead_letter_policy("orders.placed") == "block"
 
 
 async def test_loaded_aggregate_events_and_subject_selector(orders_db, domain_registry):
