@@ -224,12 +224,20 @@ _SUMMARY_COLUMNS = (
 )
 
 _KEY_UNFINISHED = text(f"{KEYED_PREDICATE} AND {KEY_UNFINISHED_PREDICATE}")
-# Stalled keyed rows (ix_outbox_events_key_stalled) that are the head of their key. In the
-# NOT EXISTS, unqualified names are the inner table's (p).
-_BLOCKED_HEADS = f"""
+
+
+def _blocked_heads_sql(dialect: str) -> str:
+    """Stalled keyed rows (ix_outbox_events_key_stalled) that are the head of their key.
+
+    In the NOT EXISTS, unqualified names are the inner table's (p).
+    """
+    stalled = "outbox_events AS e"
+    if dialect == "sqlite":  # its planner prefers the status index, which holds every dead letter
+        stalled += " INDEXED BY ix_outbox_events_key_stalled"
+    return f"""
 SELECT e.ordering_key, e.id, e.status, e.event_type, e.last_error, e.dead_letter_reason,
        e.created_at, e.seq
-FROM outbox_events AS e
+FROM {stalled}
 WHERE {KEYED_PREDICATE} AND {KEY_STALLED_PREDICATE}
 AND NOT EXISTS (
     SELECT 1 FROM outbox_events AS p
@@ -317,7 +325,8 @@ class OutboxInsights:
             blocked = (
                 await conn.execute(
                     text(
-                        f"SELECT count(*), min(created_at) FROM ({_BLOCKED_HEADS}) AS heads"
+                        "SELECT count(*), min(created_at) "
+                        f"FROM ({_blocked_heads_sql(conn.dialect.name)}) AS heads"
                     ).columns(column("n", Integer), column("oldest", UtcDateTime()))
                 )
             ).one()
@@ -338,7 +347,8 @@ class OutboxInsights:
     async def blocked_keys(self, *, limit: int = 50) -> list[BlockedKey]:
         """Keys held back by a failed or dead-lettered head, oldest head first."""
         now = self._clock()
-        heads_stmt = text(f"{_BLOCKED_HEADS} ORDER BY e.created_at, e.seq LIMIT :limit").columns(
+        heads_sql = _blocked_heads_sql(self._engine.dialect.name)
+        heads_stmt = text(f"{heads_sql} ORDER BY e.created_at, e.seq LIMIT :limit").columns(
             column("ordering_key", Text),
             column("id", Text),
             column("status", Text),

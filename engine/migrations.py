@@ -27,7 +27,8 @@ ADDED_COLUMNS = (
     ("outbox_events", "skipped_at"),
     ("outbox_replay_log", "action"),
 )
-_RETIRED_INDEXES = ("ix_outbox_events_active",)
+# Replaced by ix_outbox_events_unordered and ix_outbox_events_leased (now on locked_by).
+_RETIRED_INDEXES = ("ix_outbox_events_active", "ix_outbox_events_lease")
 
 
 def missing_columns(sync_conn: Connection) -> list[str]:

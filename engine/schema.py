@@ -150,7 +150,10 @@ KEY_UNFINISHED_PREDICATE = (
     "OR (status = 'dead_letter' AND skipped_at IS NULL))"
 )
 KEYED_PREDICATE = "ordering_key IS NOT NULL"
-IN_FLIGHT_PREDICATE = "status = 'publishing'"
+# A row is leased (locked_by set) exactly while it is publishing: every claim sets the
+# holder and every completion or release clears it. Written on locked_by, not status, so
+# that no other index (such as the status index) can serve the in-flight probe.
+IN_FLIGHT_PREDICATE = "locked_by IS NOT NULL"
 
 
 def _where(*terms: str) -> Any:
@@ -188,10 +191,9 @@ Index(
 )
 # Expired leases (crash recovery) and "stuck in publishing" counts.
 Index(
-    "ix_outbox_events_lease",
+    "ix_outbox_events_leased",
     outbox_events.c.locked_until,
-    postgresql_where=text("status = 'publishing'"),
-    sqlite_where=text("status = 'publishing'"),
+    **_where(IN_FLIGHT_PREDICATE),
 )
 # Counting by status and keyset pages within one status (dead letters, filters).
 Index("ix_outbox_events_status_id", outbox_events.c.status, outbox_events.c.id)

@@ -119,7 +119,7 @@ def _waiting(now: datetime) -> Any:
 
 def _abandoned(now: datetime) -> Any:
     """Rows whose dispatcher's lease ran out mid-delivery (it crashed or hung)."""
-    return and_(t.c.status == PUBLISHING, t.c.locked_until < now)
+    return and_(t.c.locked_by.is_not(None), t.c.locked_until < now)
 
 
 # The claim, as SQL text: a recursive walk over keys reads better here than its
@@ -187,8 +187,8 @@ def _claim_sql(dialect: str, ordered_first: bool) -> str:
     return f"""
 WITH RECURSIVE
 abandoned AS (
-    SELECT e.id FROM {table("lease", "e")}
-    WHERE e.status = 'publishing' AND e.locked_until < :now
+    SELECT e.id FROM {table("leased", "e")}
+    WHERE e.{IN_FLIGHT_PREDICATE} AND e.locked_until < :now
     ORDER BY e.locked_until LIMIT 1{lock}
 ),
 {_key_walk(table, unfinished)},

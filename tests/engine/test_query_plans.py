@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
+from datetime import datetime
+
+import pytest
+from sqlalchemy import bindparam, func, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 
-from engine import store
+from engine import insights, store
+from engine.schema import UtcDateTime
 from engine.schema import outbox_events as t
 
 
@@ -35,9 +39,7 @@ async def test_claim_candidates_are_found_through_an_index(db, clock):
     plan = await _plan(db, waiting)
     _assert_no_table_scan(plan)
     assert "ix_outbox_events_" in plan
-    abandoned = (
-        select(t.c.id).where(store._abandoned(clock())).order_by(t.c.locked_until).limit(1)
-    )
+    abandoned = select(t.c.id).where(store._abandoned(clock())).order_by(t.c.locked_until).limit(1)
     plan = await _plan(db, abandoned)
     _assert_no_table_scan(plan)
     assert "ix_outbox_events_" in plan
@@ -57,3 +59,52 @@ async def test_retention_window_is_found_through_an_index(db, clock):
         .where(t.c.status == "published", t.c.published_at < clock())
     )
     _assert_no_table_scan(await _plan(db, stmt))
+
+
+async def _text_plan(db, sql: str, params: dict) -> str:
+    typed = [
+        bindparam(k, type_=UtcDateTime()) for k, v in params.items() if isinstance(v, datetime)
+    ]
+    async with db.connect() as conn:
+        if db.dialect.name == "postgresql":
+            await conn.exec_driver_sql("SET enable_seqscan = off")
+            rows = await conn.execute(text("EXPLAIN " + sql).bindparams(*typed), params)
+        else:
+            rows = await conn.execute(text("EXPLAIN QUERY PLAN " + sql).bindparams(*typed), params)
+        return "\n".join(str(r[-1]) for r in rows)
+
+
+@pytest.mark.parametrize("ordered_first", [True, False])
+async def test_the_claim_walks_keys_and_unordered_rows_through_their_indexes(
+    db, clock, ordered_first
+):
+    if db.dialect.name == "postgresql":  # plans on an empty table are coin tosses: give it stats
+        async with db.begin() as conn:
+            await conn.exec_driver_sql(
+                "INSERT INTO outbox_events (id, tenant_id, event_type, event_version, "
+                "aggregate_type, aggregate_id, payload, ordering_key) "
+                "SELECT 'e' || i, 't', 'x', 1, 'o', 'a', '{}', "
+                "CASE WHEN i % 3 = 0 THEN NULL ELSE 'k' || (i % 500) END "
+                "FROM generate_series(1, 20000) AS i"
+            )
+            await conn.exec_driver_sql("ANALYZE outbox_events")
+    sql = store._claim_sql(db.dialect.name, ordered_first)
+    params = {
+        "now": clock(),
+        "locked_until": clock(),
+        "dispatcher_id": "d",
+        "batch": 100,
+        "key_cursor": "",
+        "walk_limit": 400,
+    }
+    plan = await _text_plan(db, sql, params)
+    _assert_no_table_scan(plan)
+    for index in ("key_order", "key_in_flight", "unordered", "leased"):
+        assert f"ix_outbox_events_{index}" in plan, plan
+
+
+async def test_blocked_heads_are_found_through_the_stalled_index(db):
+    plan = await _text_plan(db, insights._blocked_heads_sql(db.dialect.name), {})
+    _assert_no_table_scan(plan)
+    assert "ix_outbox_events_key_stalled" in plan
+    assert "ix_outbox_events_key_order" in plan

@@ -1,0 +1,99 @@
+"""Concurrent delivery: bounded overlap, per-handler timeouts, completions written as they
+finish, and the lease rule for starting handlers. Every body runs on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from engine import DispatchResult, OutboxDispatcher
+from engine.errors import ConfigurationError
+from engine.insights import OutboxInsights
+
+from .conftest import row
+from .test_dispatch import publish
+
+
+async def test_handlers_overlap_up_to_max_concurrency(db, registry, clock):
+    running = 0
+    most = 0
+
+    @registry.handler("orders.placed", key="orders.io")
+    async def io_bound(envelope):
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await asyncio.sleep(0.02)
+        running -= 1
+
+    await publish(db, registry, count=12)
+    worker = OutboxDispatcher(db, registry, batch_size=12, max_concurrency=4, clock=clock)
+    assert await worker.dispatch_once() == DispatchResult(claimed=12, published=12)
+    assert most == 4
+
+
+async def test_a_hung_handler_times_out_as_a_transient_failure(db, registry, clock):
+    @registry.handler("orders.placed", key="orders.hangs")
+    async def hangs(envelope):
+        if envelope.payload["order_id"] == "o-0":
+            await asyncio.sleep(3600)
+
+    ids = await publish(db, registry, count=3)
+    worker = OutboxDispatcher(db, registry, batch_size=3, handler_timeout_seconds=0.2, clock=clock)
+    result = await asyncio.wait_for(worker.dispatch_once(), 10)
+    assert result == DispatchResult(claimed=3, published=2, failed=1)
+    hung = await row(db, ids[0])
+    assert hung["status"] == "failed"
+    assert hung["last_error"] == "orders.hangs: timed out after 0.2 s"
+
+
+async def test_finished_events_are_recorded_while_a_slow_one_still_runs(db, registry, clock):
+    seen_published = []
+    insights = OutboxInsights(db, clock=clock)
+
+    @registry.handler("orders.placed", key="orders.mixed")
+    async def mixed(envelope):
+        if envelope.payload["order_id"] != "o-0":
+            return
+        # The slow one waits until the fast ones are on disk (or gives up after 5 s).
+        for _ in range(100):
+            counts = (await insights.overview()).counts
+            if counts["published"] == 4:
+                break
+            await asyncio.sleep(0.05)
+        seen_published.append(counts["published"])
+
+    await publish(db, registry, count=5)
+    worker = OutboxDispatcher(db, registry, batch_size=5, clock=clock)
+    assert await worker.dispatch_once() == DispatchResult(claimed=5, published=5)
+    assert seen_published == [4]
+
+
+async def test_no_handler_starts_once_the_start_budget_of_the_lease_is_spent(db, registry, clock):
+    started = []
+
+    @registry.handler("orders.placed", key="orders.slowclock")
+    async def slow(envelope):
+        started.append(envelope.event_id)
+        clock.advance(11)  # each handler "takes" 11 s of a 30 s lease
+
+    ids = await publish(db, registry, count=4)
+    # timeout 10 s: a handler may start until min(0.8 x 30, 30 - 10) = 20 s after the claim.
+    worker = OutboxDispatcher(
+        db, registry, batch_size=4, max_concurrency=1, handler_timeout_seconds=10, clock=clock
+    )
+    assert worker.start_budget.total_seconds() == 20
+    result = await worker.dispatch_once()
+    assert started == ids[:2]
+    assert (result.claimed, result.published) == (4, 2)
+    for event_id in ids[2:]:  # handed back without spending an attempt
+        stored = await row(db, event_id)
+        assert (stored["status"], stored["attempt_count"]) == ("pending", 0)
+
+
+def test_settings_that_cannot_work_are_refused(db, registry):
+    with pytest.raises(ConfigurationError, match="max_concurrency"):
+        OutboxDispatcher(db, registry, max_concurrency=0)
+    with pytest.raises(ConfigurationError, match="below lease_seconds"):
+        OutboxDispatcher(db, registry, lease_seconds=5, handler_timeout_seconds=5)
