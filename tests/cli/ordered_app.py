@@ -1,0 +1,49 @@
+"""An installed app for the randomized ordering test (tests/cli/test_ordered_processes.py).
+
+Each event's payload says its fate: ``fail`` transient failures before it succeeds,
+``permanent`` (dead-letter at once) and ``sleep_ms`` of simulated I/O. The handler appends
+``start`` and ``end`` lines with the event id, the process id and CLOCK_MONOTONIC
+nanoseconds (system-wide on Linux, so lines of different processes compare) to the file
+named by ``ORDERED_APP_LOG``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+from engine import EventEnvelope, EventHandlerPermanentError, EventRegistry
+
+BLOCKING = "ordered.blocking"  # ordered by aggregate; a dead letter blocks its key
+SKIPPING = "ordered.skipping"  # ordered by aggregate; a dead letter releases its key
+UNORDERED = "ordered.free"
+
+
+def _log(kind: str, envelope: EventEnvelope) -> None:
+    line = f"{kind} {envelope.event_id} {os.getpid()} {time.monotonic_ns()}\n".encode()
+    fd = os.open(os.environ["ORDERED_APP_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        os.write(fd, line)  # one small O_APPEND write: atomic between processes
+    finally:
+        os.close(fd)
+
+
+async def handle(envelope: EventEnvelope) -> None:
+    _log("start", envelope)
+    try:
+        await asyncio.sleep(envelope.payload["sleep_ms"] / 1000)
+        if envelope.payload["permanent"]:
+            raise EventHandlerPermanentError("fated to fail")
+        if envelope.attempt_count <= envelope.payload["fail"]:
+            raise RuntimeError(f"transient failure {envelope.attempt_count}")
+    finally:
+        _log("end", envelope)
+
+
+def register(registry: EventRegistry) -> None:
+    for event_type in (BLOCKING, SKIPPING, UNORDERED):
+        registry.register_event(event_type, 1)
+        registry.register_handler(event_type, handle, key="ordered.handle")
+    registry.set_ordering(BLOCKING)
+    registry.set_ordering(SKIPPING, on_dead_letter="skip")

@@ -1,0 +1,186 @@
+"""Per-key order across dispatcher processes, under random transient and permanent failures.
+
+Several ``outbox-tui --dispatch`` processes drain one backlog of ordered and unordered
+events (2 on one SQLite file, 3 on PostgreSQL). Every handler start and end is logged with
+a system-wide clock; afterwards, for every key: handler starts follow write order (seq), no
+two executions overlap, an event starts only after every earlier event of its key was
+published, and nothing is lost: everything is published, dead-lettered by fate, or waiting
+behind a dead letter of a blocking key. Unordered events are all delivered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import signal
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from engine import (
+    EventRegistry,
+    OutboxEventPublisher,
+    TaskContext,
+    create_engine,
+    create_schema,
+    unit_of_work,
+)
+from engine.publisher import OutboxEvent
+from engine.schema import outbox_events as t
+from tests.cli import ordered_app
+from tests.cli.conftest import Cli, read_json_lines, status_counts
+
+REPO = Path(__file__).resolve().parents[2]
+KEYS = 40
+EVENTS_PER_KEY = 8
+UNORDERED = 80
+
+
+def _fates(rng: random.Random) -> list[OutboxEvent]:
+    """The backlog, written in interleaved order across keys, with each event's fate."""
+    drafts = []
+    slots = [(k, n) for k in range(KEYS) for n in range(EVENTS_PER_KEY)]
+    slots += [(None, n) for n in range(UNORDERED)]
+    rng.shuffle(slots)
+    written: dict[int, int] = defaultdict(int)
+    for key, _n in slots:
+        if key is None:
+            event_type, aggregate = ordered_app.UNORDERED, f"free-{len(drafts)}"
+        else:
+            event_type = ordered_app.BLOCKING if key % 2 == 0 else ordered_app.SKIPPING
+            aggregate = f"k{key}"
+            written[key] += 1
+        payload = {
+            "fail": rng.choice([0, 0, 0, 0, 1, 2]),
+            "permanent": rng.random() < 0.04,
+            "sleep_ms": rng.randint(0, 4),
+        }
+        drafts.append(OutboxEvent(event_type, payload, "agg", aggregate))
+    return drafts
+
+
+async def _seed(url: str, drafts: list[OutboxEvent]) -> None:
+    engine = create_engine(url)
+    registry = EventRegistry()
+    ordered_app.register(registry)
+    try:
+        await create_schema(engine)
+        for start in range(0, len(drafts), 37):  # many producer transactions
+            context = TaskContext("acme", "tester", f"req-{start}")
+            async with unit_of_work(engine, registry=registry, context=context) as session:
+                await OutboxEventPublisher(session).publish_many(drafts[start : start + 37])
+    finally:
+        await engine.dispose()
+
+
+async def _rows(url: str) -> list[dict]:
+    engine = create_engine(url)
+    try:
+        async with engine.connect() as conn:
+            result = await conn.execute(
+                select(t.c.id, t.c.seq, t.c.ordering_key, t.c.status, t.c.event_type, t.c.payload)
+            )
+            return [dict(r) for r in result.mappings()]
+    finally:
+        await engine.dispose()
+
+
+def _expected(rows: list[dict]) -> dict[str, str]:
+    """The status every event must end in, from the fates alone."""
+    expected = {}
+    by_key: dict[str, list[dict]] = defaultdict(list)
+    for row in rows:
+        if row["ordering_key"] is None:
+            expected[row["id"]] = "dead_letter" if row["payload"]["permanent"] else "published"
+        else:
+            by_key[row["ordering_key"]].append(row)
+    for events in by_key.values():
+        blocked = False
+        for row in sorted(events, key=lambda r: r["seq"]):
+            if blocked:
+                expected[row["id"]] = "pending"
+            elif row["payload"]["permanent"]:
+                expected[row["id"]] = "dead_letter"
+                blocked = row["event_type"] == ordered_app.BLOCKING
+            else:
+                expected[row["id"]] = "published"
+    return expected
+
+
+@pytest.mark.slow
+async def test_dispatcher_processes_keep_per_key_order_under_random_failures(
+    database_url: str, cli: Cli, tmp_path: Path
+) -> None:
+    rng = random.Random(20261201)
+    await _seed(database_url, _fates(rng))
+    before = await _rows(database_url)
+    expected = _expected(before)
+    want = {s: list(expected.values()).count(s) for s in set(expected.values())}
+    log = tmp_path / "handled.log"
+    env = {
+        "OUTBOX_DATABASE_URL": database_url,
+        "ORDERED_APP_LOG": str(log),
+        "PYTHONPATH": str(REPO),
+        "OUTBOX_DISPATCHER__BACKOFF_KIND": "fixed",
+        "OUTBOX_DISPATCHER__BACKOFF_BASE_SECONDS": "0.05",
+        "OUTBOX_DISPATCHER__BACKOFF_JITTER": "0",
+    }
+    args = (
+        "--dispatch",
+        "--installed-app",
+        "tests.cli.ordered_app",
+        "--batch-size",
+        "16",
+        "--idle-sleep-seconds",
+        "0.05",
+        "--json",
+    )
+    processes = 3 if database_url.startswith("postgresql") else 2
+    procs = [cli.popen(*args, "--instance-id", f"w{n}", env=env) for n in range(processes)]
+    try:
+        for proc in procs:
+            assert next(read_json_lines(proc))["event"] == "started"
+        deadline = time.monotonic() + 120
+        while (counts := await status_counts(database_url)) != want:
+            assert time.monotonic() < deadline, (counts, want)
+            await asyncio.sleep(0.1)
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            proc.wait(timeout=30)
+    assert [proc.returncode for proc in procs] == [0] * processes
+
+    after = {row["id"]: row for row in await _rows(database_url)}
+    assert {i: r["status"] for i, r in after.items()} == expected  # nothing lost or extra
+
+    executions: dict[str, list[tuple[int, int, str]]] = defaultdict(list)  # key -> runs
+    open_runs: dict[tuple[str, str], int] = {}
+    pids = set()
+    for line in log.read_text().splitlines():
+        kind, event_id, pid, ns = line.split()
+        pids.add(pid)
+        if kind == "start":
+            open_runs[(event_id, pid)] = int(ns)
+        else:
+            started = open_runs.pop((event_id, pid))
+            key = after[event_id]["ordering_key"]
+            if key is not None:
+                executions[key].append((started, int(ns), event_id))
+    assert not open_runs
+    assert len(pids) == processes  # every process did work
+    for key, runs in executions.items():
+        runs.sort()
+        seqs = [after[event_id]["seq"] for _start, _end, event_id in runs]
+        assert seqs == sorted(seqs), f"{key}: started out of write order"
+        for (_s1, end1, id1), (start2, _e2, id2) in itertools.pairwise(runs):
+            assert end1 <= start2, f"{key}: {id1} and {id2} ran at the same time"
+        for _start, _end, event_id in runs:  # an event starts only after its key's earlier
+            earlier = [r for r in after.values() if r["ordering_key"] == key]
+            earlier = [r for r in earlier if r["seq"] < after[event_id]["seq"]]
+            assert all(r["status"] in ("published", "dead_letter") for r in earlier)
+    assert len(executions) == KEYS
