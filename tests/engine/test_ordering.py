@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from sqlalchemy import select, text
+from sqlalchemy import Column, Integer, MetaData, String, Table, select, text
 
 from engine import (
     DispatchResult,
@@ -305,3 +305,43 @@ async def test_filtering_by_key_lists_the_undelivered_events_of_the_key(db, orde
     page = await OutboxInsights(db, clock=clock).events_page(EventFilter(ordering_key="order:a"))
     assert [e.id for e in page.events] == [ids[1]]
     assert page.events[0].ordering_key == "order:a"
+
+
+async def test_producers_that_lock_their_aggregate_write_a_key_in_commit_order(db, ordered):
+    """The producer rule: take the aggregate's row lock before publishing its events.
+
+    Producer A locks the account first and publishes late; producer B starts meanwhile.
+    B's events may only be written once A committed, so write order (seq) is commit
+    order. On SQLite every writer is serialised anyway (BEGIN IMMEDIATE).
+    """
+    business = MetaData()
+    accounts = Table(
+        "test_accounts", business, Column("id", String(20), primary_key=True), Column("n", Integer)
+    )
+    async with db.begin() as conn:
+        await conn.run_sync(business.create_all)
+        await conn.execute(accounts.insert().values(id="a", n=0))
+    a_locked, a_may_publish = asyncio.Event(), asyncio.Event()
+
+    async def produce(name: str) -> str:
+        async with unit_of_work(db, registry=ordered, context=CTX) as session:
+            await session.execute(select(accounts).where(accounts.c.id == "a").with_for_update())
+            await session.execute(accounts.update().values(n=accounts.c.n + 1))
+            if name == "A":
+                a_locked.set()
+                await a_may_publish.wait()
+            return await OutboxEventPublisher(session).publish(
+                "orders.placed",
+                order_payload(name),
+                aggregate_type="order",
+                aggregate_id="a",
+            )
+
+    first = asyncio.create_task(produce("A"))
+    await a_locked.wait()
+    second = asyncio.create_task(produce("B"))
+    await asyncio.sleep(0.3)  # B is waiting for A's lock
+    assert not second.done()
+    a_may_publish.set()
+    id_a, id_b = await first, await second
+    assert (await row(db, id_a))["seq"] < (await row(db, id_b))["seq"]
