@@ -5,18 +5,19 @@ event counts as published only once the broker confirmed it (``Basic.Ack``);
 an unroutable event (``mandatory``, returned with 312 NO_ROUTE) is *failed*,
 never published.
 
-Batching: first attempts go out together (publishes run concurrently, all
-confirms awaited), which is several times faster than one by one; retries go
-one at a time, so an event that made a batch fail holds back only itself.
+Batching: publishes run concurrently and all confirms are awaited, which is
+several times faster than one by one. A round makes at most two calls: the
+first attempts together, then the retries together; a round of retries only
+sends the retry with the most attempts left alone first.
 
 Outages: when the broker is unreachable or the connection drops, the events of
-the failing call (the batch of first attempts, or one retry) are failed with
-``broker unavailable: ...`` so the dispatcher's backoff applies, and every
-later call of the round is reported *unattempted*: those rows go back without
-spending an attempt. So an outage spends at most one call's attempts per round,
-and the first call doubles as the probe: first attempts when the round has any,
-else the retry with the most attempts left. Retries close to their limit go last
-and are held back, so an outage does not fill the dead letter. A failed confirm
+the failing call are failed with ``broker unavailable: ...`` so the
+dispatcher's backoff applies, and the later call of the round is reported
+*unattempted*: those rows go back without spending an attempt. The first call
+doubles as the probe (first attempts when the round has any, else the one
+retry with the most attempts left), so an outage found at the start of a round
+spends no retry's attempt but that one; retries close to their limit are held
+back, so an outage does not fill the dead letter. A failed confirm
 may still have reached the broker: delivery is at-least-once and consumers
 dedupe by ``message_id`` (the event id).
 
@@ -180,7 +181,11 @@ class RabbitMqOutboxPublisher:
             key=lambda e: e.max_attempts - e.attempt_count,
             reverse=True,
         )
-        calls = ([firsts] if firsts else []) + [[e] for e in retries]
+        # Once one call went through, the broker is up: the other retries go out together.
+        if firsts:
+            calls = [firsts] + ([retries] if retries else [])
+        else:
+            calls = [retries[:1]] + ([retries[1:]] if retries[1:] else [])
         for index, call in enumerate(calls):
             try:
                 await self._publish_call(call, result)
