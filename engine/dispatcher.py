@@ -213,7 +213,9 @@ class OutboxDispatcher:
         envelopes: dict[str, EventEnvelope] = {}
         for row in claimed:
             envelope, problem = self._decode(row)
-            if envelope is None:
+            if envelope is None and problem.startswith("corrupt row"):
+                completions.add(_Outcome(row, "dead_letter", problem, problem))
+            elif envelope is None:
                 completions.add(_Outcome(row, "dead_letter", problem, f"permanent: {problem}"))
             elif row.attempt_count > self._budget(row):
                 why = (
@@ -282,6 +284,9 @@ class OutboxDispatcher:
 
     def _decode(self, row: ClaimedRow) -> tuple[EventEnvelope | None, str]:
         values = row.values
+        corrupt = row.problem()
+        if corrupt is not None:
+            return None, corrupt
         try:
             payload = row.decoded_payload()
         except ValueError as exc:

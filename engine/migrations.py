@@ -8,7 +8,12 @@ refuses an outdated database with one line that names the command to run.
 Steps, in order (version 0.2, "Delivery v2"):
 - ``outbox_events.ordering_key``, ``seq`` (filled for existing rows), ``skipped_at``;
 - ``outbox_replay_log.action``;
-- the claim indexes of this version; the old ``ix_outbox_events_active`` is dropped.
+- the claim indexes of this version; the old ``ix_outbox_events_active`` and
+  ``ix_outbox_events_lease`` are dropped;
+- PostgreSQL: the checks on ``ordering_key`` (not empty) and ``max_attempts`` (at least 1).
+  SQLite cannot add constraints to an existing table, so an upgraded SQLite table keeps
+  accepting rows its CHECKs would refuse; the dispatcher dead-letters those rows with the
+  column named (engine.store.ClaimedRow.problem).
 """
 
 from __future__ import annotations
@@ -90,7 +95,12 @@ def _upgrade(sync_conn: Connection) -> list[str]:
             "ALTER TABLE outbox_events ADD CONSTRAINT ck_outbox_events_ordering_key "
             "CHECK (ordering_key <> '')"
         )
-        done.append("added check ck_outbox_events_ordering_key")
+        # NOT VALID: new rows are checked; an old row with 0 is dead-lettered on its claim.
+        run(
+            "ALTER TABLE outbox_events ADD CONSTRAINT ck_outbox_events_max_attempts "
+            "CHECK (max_attempts >= 1) NOT VALID"
+        )
+        done.append("added checks ck_outbox_events_ordering_key, ck_outbox_events_max_attempts")
     return done
 
 

@@ -82,11 +82,21 @@ class UtcDateTime(TypeDecorator[datetime]):
         return value
 
     def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
-        if value is None:
-            return None
+        """The stored instant; None for a value that is not one.
+
+        Only SQLite can hold such a value (a row written with plain SQL into a table
+        made before its CHECK constraints): reading it must not break a whole page,
+        count or claim. The dispatcher dead-letters a row whose ``created_at`` reads
+        as None (see engine.store.ClaimedRow.problem).
+        """
+        if isinstance(value, datetime):
+            return as_utc(value)
         if isinstance(value, str):
-            return as_utc(datetime.fromisoformat(value))
-        return as_utc(value)
+            try:
+                return as_utc(datetime.fromisoformat(value))
+            except ValueError:
+                return None
+        return None
 
 
 def _now_default() -> Any:
@@ -137,6 +147,24 @@ outbox_events = Table(
         name="ck_outbox_events_status",
     ),
     CheckConstraint("ordering_key <> ''", name="ck_outbox_events_ordering_key"),
+    CheckConstraint("max_attempts >= 1", name="ck_outbox_events_max_attempts"),
+    # PostgreSQL's column types refuse these at INSERT; SQLite stores any value in any
+    # column, so the same refusals are spelled out (tables made by this version).
+    *(
+        CheckConstraint(rule, name=f"ck_outbox_events_{name}").ddl_if(dialect="sqlite")
+        for name, rule in {
+            "event_version_type": "typeof(event_version) = 'integer'",
+            "max_attempts_type": "typeof(max_attempts) = 'integer'",
+            "attempt_count_type": "typeof(attempt_count) = 'integer'",
+            "claim_version_type": "typeof(claim_version) = 'integer'",
+            "replay_count_type": "typeof(replay_count) = 'integer'",
+            "created_at_type": (
+                "typeof(created_at) = 'text' AND created_at GLOB "
+                "'[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9][ T][0-9][0-9]:[0-9][0-9]*'"
+            ),
+            "payload_json": "json_valid(payload)",
+        }.items()
+    ),
 )
 
 # The claim queries repeat these predicates exactly, so both SQLite (which matches

@@ -89,6 +89,29 @@ class ClaimedRow:
     def max_attempts(self) -> int:
         return int(self.values["max_attempts"])
 
+    def problem(self) -> str | None:
+        """What makes this row undeliverable as stored, naming the column; None if nothing.
+
+        PostgreSQL's column types refuse such rows at INSERT, and so do the CHECKs of
+        SQLite tables this version made; an older SQLite table takes anything. A row is
+        judged on its own, so one bad row never breaks the batch it was claimed with.
+        """
+        values = self.values
+        for name in ("event_version", "max_attempts", "attempt_count", "replay_count"):
+            if type(values[name]) is not int:
+                return f"corrupt row: column {name} is {values[name]!r}, not an integer"
+        if values["max_attempts"] < 1:
+            return (
+                f"corrupt row: column max_attempts is {values['max_attempts']}, "
+                "must be at least 1"
+            )
+        if values["created_at"] is None:
+            return "corrupt row: column created_at is not a timestamp"
+        for name in ("tenant_id", "event_type", "aggregate_type", "aggregate_id"):
+            if not isinstance(values[name], str):
+                return f"corrupt row: column {name} is {values[name]!r}, not text"
+        return None
+
     def decoded_payload(self) -> Any:
         """The payload, decoded here so one corrupt row cannot break a whole batch."""
         if isinstance(self.raw_payload, str | bytes):

@@ -1,0 +1,94 @@
+"""Rows that cannot be decoded: refused at INSERT where the database can, dead-lettered
+alone (with the column named) where it cannot, and never in the way of other rows."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.exc import IntegrityError
+
+from engine import DispatchResult, OutboxDispatcher
+from engine.insights import EventFilter, OutboxInsights
+
+from .conftest import row
+
+GOOD_PAYLOAD = (
+    '{"order_id": "o-1", "amount": 5, "tenant_id": "acme", "actor_id": "u", "request_id": "r"}'
+)
+INSERT = (
+    "INSERT INTO outbox_events (id, tenant_id, event_type, event_version, aggregate_type, "
+    "aggregate_id, payload{extra_cols}) VALUES (:id, 'acme', 'orders.placed', {version}, 'order', "
+    "'o-1', :payload{extra_vals})"
+)
+sqlite_only = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+
+
+def insert_sql(version: str = "1", **extra: str) -> str:
+    cols = "".join(f", {name}" for name in extra)
+    vals = "".join(f", {value}" for value in extra.values())
+    return INSERT.format(extra_cols=cols, version=version, extra_vals=vals)
+
+
+BAD_ROWS = {  # what a plain-SQL producer wrote -> the column the dead letter names
+    "bad-version": (insert_sql(version="'v1'"), "column event_version is 'v1'"),
+    "bad-created": (insert_sql(created_at="'yesterday'"), "column created_at"),
+    "epoch-created": (insert_sql(created_at="1700000000"), "column created_at"),
+    "bad-budget": (insert_sql(max_attempts="'x'"), "column max_attempts is 'x'"),
+    "zero-budget": (insert_sql(max_attempts="0"), "column max_attempts is 0"),
+}
+
+
+@sqlite_only
+async def test_each_corrupt_row_is_dead_lettered_alone_and_the_rest_goes_on(db, registry, clock):
+    """SQLite tables made before this version's CHECKs accept these rows."""
+    handled = []
+
+    @registry.handler("orders.placed", key="orders.audit")
+    async def audit(envelope):
+        handled.append(envelope.event_id)
+
+    async with db.begin() as conn:
+        await conn.exec_driver_sql("PRAGMA ignore_check_constraints = ON")
+        for event_id, (sql, _why) in BAD_ROWS.items():
+            await conn.execute(text(sql), {"id": event_id, "payload": GOOD_PAYLOAD})
+        await conn.execute(text(insert_sql()), {"id": "good", "payload": GOOD_PAYLOAD})
+        await conn.exec_driver_sql("PRAGMA ignore_check_constraints = OFF")
+
+    insights = OutboxInsights(db, clock=clock)
+    assert (await insights.overview()).counts["pending"] == 6  # stats still answers
+    result = await OutboxDispatcher(db, registry, clock=clock).dispatch_once()
+    assert result == DispatchResult(claimed=6, published=1, dead_lettered=5)
+    assert handled == ["good"]
+    for event_id, (_sql, why) in BAD_ROWS.items():
+        stored = await row(db, event_id)
+        assert stored["status"] == "dead_letter"
+        assert stored["dead_letter_reason"].startswith("corrupt row: ")
+        assert why in stored["dead_letter_reason"]
+    page = await insights.dead_letters()  # the console's and the CLI's list still answer
+    assert {e.id for e in page.events} == set(BAD_ROWS)
+    assert (await insights.event_detail("bad-created")).columns["created_at"] is None
+    assert (await insights.events_page(EventFilter())).events
+
+
+@sqlite_only
+@pytest.mark.parametrize("event_id", sorted(BAD_ROWS))
+async def test_sqlite_refuses_what_postgresql_column_types_would(db, event_id):
+    sql, _why = BAD_ROWS[event_id]
+    with pytest.raises(IntegrityError, match="CHECK constraint failed"):
+        async with db.begin() as conn:
+            await conn.execute(text(sql), {"id": event_id, "payload": GOOD_PAYLOAD})
+
+
+@sqlite_only
+async def test_sqlite_refuses_a_payload_that_is_not_json(db):
+    with pytest.raises(IntegrityError, match="CHECK constraint failed"):
+        async with db.begin() as conn:
+            await conn.execute(text(insert_sql()), {"id": "x", "payload": "{not json"})
+
+
+async def test_a_budget_below_one_is_refused_at_insert(db):
+    with pytest.raises(IntegrityError):
+        async with db.begin() as conn:
+            await conn.execute(
+                text(insert_sql(max_attempts="0")), {"id": "zero", "payload": GOOD_PAYLOAD}
+            )
