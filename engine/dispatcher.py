@@ -88,7 +88,12 @@ class ExternalPublishResult:
 
 
 class ExternalPublisher(Protocol):
-    """Delivers events somewhere else (a broker) instead of calling local handlers."""
+    """Delivers events somewhere else (a broker) instead of calling local handlers.
+
+    It may also have ``async def ready() -> bool`` (a circuit breaker: the
+    dispatcher claims nothing while it answers False) and ``waiting_reason: str |
+    None`` (shown in heartbeats), as the RabbitMQ relay does.
+    """
 
     async def publish(self, envelopes: Sequence[EventEnvelope]) -> ExternalPublishResult: ...
 
@@ -192,7 +197,20 @@ class OutboxDispatcher:
             await observer.observe_round(result)
         return result
 
+    async def _publisher_ready(self) -> bool:
+        """False while the external publisher's circuit is open (see ExternalPublisher)."""
+        ready = getattr(self.external_publisher, "ready", None)
+        return ready is None or bool(await ready())
+
+    @property
+    def waiting_for(self) -> str | None:
+        """What the external publisher waits for (a broker outage), if anything."""
+        reason = getattr(self.external_publisher, "waiting_reason", None)
+        return reason if isinstance(reason, str) else None
+
     async def _round(self, stop: asyncio.Event | None) -> DispatchResult:
+        if self.external_publisher is not None and not await self._publisher_ready():
+            return DispatchResult()  # the broker is away: claim nothing, spend nothing
         claimed_at = self.clock()
         async with self.engine.begin() as conn:
             batch = await store.claim_batch(

@@ -421,4 +421,5 @@ class _RunLoop:
             "wakeup": "notify" if self.listener is not None and self.listener.listening else "poll",
             "use_lock": self.dispatcher.lock_provider is not None,
             "last_error": s.last_error,
+            "waiting_for": self.dispatcher.waiting_for,
         }

@@ -21,6 +21,15 @@ back, so an outage does not fill the dead letter. A failed confirm
 may still have reached the broker: delivery is at-least-once and consumers
 dedupe by ``message_id`` (the event id).
 
+Circuit breaker: once a call found the broker away, ``ready()`` answers False
+until the next probe is due, and the dispatcher claims nothing meanwhile: an
+outage spends the attempts of the one call that found it, and no more, and the
+backlog is not claimed and handed back every round. A probe is a connect
+attempt, after ``probe_interval`` seconds, doubling after each failed probe up to
+``max_probe_interval``; the first probe that connects closes the circuit.
+``waiting_since`` and ``waiting_reason`` say what the relay is waiting for
+(heartbeats carry them to ``stats`` and the console).
+
 Reconnecting is done here, not by ``connect_robust``: a robust channel does not
 wait for the reconnection and failed publishes are not replayed, so every
 ``publish()`` simply checks the connection first and reconnects when it broke
@@ -32,7 +41,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from types import TracebackType
 from typing import Any, Self
 
@@ -48,6 +59,7 @@ from aiormq.exceptions import (
 )
 from pamqp.commands import Basic
 
+from engine.clock import utc_now
 from engine.database import mask_secrets, mask_url
 from engine.dispatcher import ExternalPublishResult
 from engine.envelope import EventEnvelope
@@ -86,8 +98,10 @@ class RabbitMqOutboxPublisher:
     (``<prefix>/<aggregate_type>``; also the AMQP ``app_id``). ``confirm_timeout``:
     seconds to wait for a publisher confirm before the call counts as an outage.
     ``connect_timeout``: seconds for connecting, opening the channel and declaring
-    the exchange. ``quiet_driver_logs``: demote aiormq's connection-loss ERROR
-    tracebacks to one DEBUG line on this module's logger.
+    the exchange. ``probe_interval`` / ``max_probe_interval``: the circuit breaker's
+    first and longest wait between probes of a broker found away. ``quiet_driver_logs``:
+    demote aiormq's connection-loss ERROR tracebacks to one DEBUG line on this module's
+    logger.
     """
 
     def __init__(
@@ -98,6 +112,8 @@ class RabbitMqOutboxPublisher:
         source_prefix: str = DEFAULT_SOURCE_PREFIX,
         confirm_timeout: float = 10.0,
         connect_timeout: float = 10.0,
+        probe_interval: float = 1.0,
+        max_probe_interval: float = 30.0,
         quiet_driver_logs: bool = True,
         new_span_id: Callable[[], str] = random_span_id,
     ) -> None:
@@ -113,6 +129,8 @@ class RabbitMqOutboxPublisher:
             raise ConfigurationError(f"invalid RabbitMQ URL {mask_url(url)!r}: {exc}") from None
         if confirm_timeout <= 0 or connect_timeout <= 0:
             raise ConfigurationError("confirm_timeout and connect_timeout must be > 0")
+        if not 0 <= probe_interval <= max_probe_interval:
+            raise ConfigurationError("probe intervals must satisfy 0 <= probe <= max probe")
         self.url = url
         self.exchange_name = exchange
         self.source_prefix = source_prefix
@@ -126,6 +144,11 @@ class RabbitMqOutboxPublisher:
         self._broken = False
         self._closed = False
         self._outage: str | None = None  # set while the broker is known to be away
+        self.probe_interval = probe_interval
+        self.max_probe_interval = max_probe_interval
+        self._probe_delay = probe_interval
+        self._next_probe = 0.0  # time.monotonic() of the next probe while away
+        self.waiting_since: datetime | None = None
         self._lock = asyncio.Lock()
         self._closing: set[asyncio.Task[None]] = set()
 
@@ -137,6 +160,34 @@ class RabbitMqOutboxPublisher:
     def is_connected(self) -> bool:
         """True when the last known state of the channel is usable."""
         return self._exchange is not None and not self._broken and not self._channel_closed()
+
+    @property
+    def waiting_reason(self) -> str | None:
+        """Why the relay is not publishing (the outage's error), or None."""
+        return self._outage
+
+    async def ready(self) -> bool:
+        """Whether a round may claim events for this relay (the circuit breaker).
+
+        True while the broker is up. While it is known to be away: False until the
+        next probe is due, then the result of that probe (a connect attempt).
+        """
+        if self._outage is None:
+            return True
+        if time.monotonic() < self._next_probe:
+            return False
+        try:
+            async with self._lock:
+                await self._ensure_connected()
+        except BrokerUnavailableError as exc:
+            self._probe_delay = min(
+                max(self._probe_delay * 2, self.probe_interval), self.max_probe_interval
+            )
+            self._next_probe = time.monotonic() + self._probe_delay
+            self._outage = f"{UNAVAILABLE}: {exc}"
+            log.debug("probe failed; next probe in %.3g s: %s", self._probe_delay, exc)
+            return False
+        return True
 
     async def __aenter__(self) -> Self:
         await self.connect()
@@ -307,6 +358,8 @@ class RabbitMqOutboxPublisher:
         if self._outage is not None:
             log.info("RabbitMQ at %s is back; publishing again", self.masked_url)
             self._outage = None
+            self.waiting_since = None
+            self._probe_delay = self.probe_interval
         else:
             log.debug("connected to RabbitMQ at %s", self.masked_url)
         return exchange
@@ -348,7 +401,10 @@ class RabbitMqOutboxPublisher:
     def _report_outage(self, error: str, failed: int, left: int) -> None:
         """Warn once per outage (the dispatcher may retry every second); then DEBUG."""
         level = logging.DEBUG if self._outage is not None else logging.WARNING
+        if self._outage is None:
+            self.waiting_since = utc_now()
         self._outage = error
+        self._next_probe = time.monotonic() + self._probe_delay
         log.log(
             level,
             "%s; %d event(s) failed (retried with backoff), %d handed back unattempted",

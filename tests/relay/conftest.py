@@ -204,7 +204,7 @@ async def broker(amqp_url: str, topology: Topology) -> AsyncIterator[BrokerContr
 @pytest.fixture
 async def relay(amqp_url: str, topology: Topology) -> AsyncIterator[RabbitMqOutboxPublisher]:
     async with RabbitMqOutboxPublisher(
-        amqp_url, exchange=topology.exchange, source_prefix="/shop"
+        amqp_url, exchange=topology.exchange, source_prefix="/shop", probe_interval=0.05
     ) as publisher:
         yield publisher
 

@@ -231,16 +231,18 @@ async def test_broker_outage_mid_run_loses_nothing_and_drains_after_restart(
         e.startswith("broker unavailable: ") and "cannot reach" not in e for e in in_flight_errors
     ), in_flight_errors
 
-    # Down: the first attempts of a round fail together (backoff starts) ...
-    assert await dispatcher.dispatch_once() == DispatchResult(claimed=20, failed=20)
-    # ... and once retries are due, one probe fails and the other 19 go back untouched.
-    clock.advance(1)
-    assert await dispatcher.dispatch_once() == DispatchResult(claimed=20, failed=1)
+    # Down, and the relay knows it: rounds claim nothing and spend no attempt (the circuit
+    # is open; each due probe fails) instead of claiming the backlog and handing it back.
+    assert dispatcher.waiting_for is not None
+    assert dispatcher.waiting_for.startswith("broker unavailable: ")
+    assert relay.waiting_since is not None
+    for _ in range(3):
+        await asyncio.sleep(0.06)
+        clock.advance(1)
+        assert await dispatcher.dispatch_once() == DispatchResult()
     stored = await rows(db)
-    assert statuses(stored) == Counter({"published": 20, "failed": 40, "pending": 240})
-    assert max(int(r["attempt_count"]) for r in stored) == 2  # max_attempts is 3
-    errors = {r["last_error"] for r in stored if r["status"] == "failed"}
-    assert all(e.startswith("broker unavailable: ") for e in errors), errors
+    assert statuses(stored) == Counter({"published": 20, "failed": 20, "pending": 260})
+    assert max(int(r["attempt_count"]) for r in stored) == 1  # max_attempts is 3
 
     await broker.start()
     await broker.unblock_publishers()
@@ -252,6 +254,8 @@ async def test_broker_outage_mid_run_loses_nothing_and_drains_after_restart(
         assert time.monotonic() < deadline, statuses(await rows(db))
         clock.advance(1)
         assert (await drain.dispatch_once()).dead_lettered == 0
+        await asyncio.sleep(0.01)  # the next probe may not be due yet
+    assert relay.waiting_reason is None and relay.waiting_since is None
 
     assert statuses(await rows(db)) == Counter({"published": len(ids)})
     received = await topology.drain(set(ids), wait_seconds=30)
@@ -288,7 +292,7 @@ async def test_a_confirm_timeout_fails_the_call_and_the_relay_recovers(
 
 
 @pytest.mark.rabbitmq
-async def test_an_outage_holds_back_retries_instead_of_dead_lettering_them(
+async def test_an_outage_spends_one_call_and_then_claims_nothing_until_the_broker_returns(
     db, registry, clock, topology, broker: BrokerControl, relay
 ):
     await topology.bind()
@@ -299,30 +303,54 @@ async def test_an_outage_holds_back_retries_instead_of_dead_lettering_them(
         db, registry, clock=clock, external_publisher=relay, backoff=ONE_SECOND
     )
 
-    # Round 1: only first attempts; they are the failing call.
+    # Round 1 finds the outage: its call fails (one attempt each), backoff starts.
     assert await dispatcher.dispatch_once() == DispatchResult(claimed=6, failed=6)
-    clock.advance(1)
     fresh = await add_events(db, registry, 3, max_attempts=2, prefix="b")
-    # Round 2: 6 retries (4 at their last attempt) + 3 first attempts. The first attempts fail;
-    # the retries go back unattempted. A relay failing everything would dead-letter 4 here.
-    assert await dispatcher.dispatch_once() == DispatchResult(claimed=9, failed=3)
-    # Round 3: retries only. The probe is the retry with the most attempts left.
-    assert await dispatcher.dispatch_once() == DispatchResult(claimed=6, failed=1)
+    for _ in range(4):  # later rounds: probes fail, nothing is claimed or spent
+        await asyncio.sleep(0.06)
+        clock.advance(1)
+        assert await dispatcher.dispatch_once() == DispatchResult()
     stored = {r["id"]: r for r in await rows(db)}
     assert [stored[i]["attempt_count"] for i in last_chance] == [1, 1, 1, 1]
-    assert [stored[i]["attempt_count"] for i in roomy] == [2, 1]
-    assert [stored[i]["attempt_count"] for i in fresh] == [1, 1, 1]
-    assert statuses(list(stored.values())) == Counter({"failed": 9})
+    assert [stored[i]["attempt_count"] for i in roomy] == [1, 1]
+    assert [stored[i]["attempt_count"] for i in fresh] == [0, 0, 0]
+    assert statuses(list(stored.values())) == Counter({"failed": 6, "pending": 3})
     assert stored[roomy[0]]["last_error"].startswith(
         f"broker unavailable: cannot reach RabbitMQ at {mask_url(topology.url)}: "
     )
 
     await broker.start()
-    clock.advance(1)
-    # The same relay object reconnects by itself.
-    assert await dispatcher.dispatch_once() == DispatchResult(claimed=9, published=9)
+    deadline = time.monotonic() + 30
+    published = 0
+    while published < 9:  # the next due probe connects; the same relay object publishes
+        assert time.monotonic() < deadline
+        clock.advance(1)
+        published += (await dispatcher.dispatch_once()).published
+        await asyncio.sleep(0.05)
     ids = {*last_chance, *roomy, *fresh}
     assert {m.message_id for m in await topology.drain(ids)} == ids
+
+
+async def test_the_circuit_probes_a_broker_found_away_at_a_growing_interval(caplog) -> None:
+    caplog.set_level(logging.DEBUG, logger="engine.relay.rabbitmq")
+    publisher = RabbitMqOutboxPublisher(
+        f"amqp://relay:pw@127.0.0.1:{closed_port()}/", probe_interval=0.2, max_probe_interval=0.4
+    )
+
+    def probes() -> int:
+        return sum("probe failed" in r.getMessage() for r in caplog.records)
+
+    assert await publisher.ready()  # nothing known yet: the first round finds out
+    await publisher.publish([envelope()])
+    assert publisher.waiting_reason is not None and publisher.waiting_since is not None
+    assert not await publisher.ready() and probes() == 0  # not due: no connect attempt
+    await asyncio.sleep(0.25)
+    assert not await publisher.ready() and probes() == 1  # due: probed, failed
+    await asyncio.sleep(0.25)
+    assert not await publisher.ready() and probes() == 1  # next wait doubled to 0.4 s
+    await asyncio.sleep(0.2)
+    assert not await publisher.ready() and probes() == 2
+    await publisher.close()
 
 
 @pytest.mark.rabbitmq
