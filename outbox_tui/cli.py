@@ -341,10 +341,10 @@ def build_parser() -> Parser:
         description="Operate a transactional outbox: the console (no subcommand), the "
         "headless dispatcher (--dispatch), and one-shot commands.",
         epilog=_examples(
-            f"{PROG} --installed-app examples.orders    # open the console",
-            f"{PROG} --demo                               # the console with demo traffic",
+            f"{PROG} --installed-app outbox_tui.examples.orders  # open the console",
+            f"{PROG} --demo  # the console with demo traffic",
             f"{PROG} init-db --database-url postgresql+asyncpg://app:secret@db/app",
-            f"{PROG} --dispatch --installed-app examples.orders --json",
+            f"{PROG} --dispatch --installed-app outbox_tui.examples.orders --json",
             f"{PROG} --dispatch --amqp-url amqp://guest:guest@rabbit/ --metrics-port 9100",
             f"{PROG} stats --json",
             f"{PROG} dead-letter list --tenant acme",
@@ -394,7 +394,7 @@ def _build_dispatch_once(sub: Any) -> None:
         "claim and deliver one batch, print what happened",
         "Claim one batch of due events, deliver it (handlers or --amqp-url) and record "
         "the outcomes. Writes no heartbeat.",
-        f"{PROG} dispatch-once --installed-app examples.orders --json",
+        f"{PROG} dispatch-once --installed-app outbox_tui.examples.orders --json",
         f"{PROG} dispatch-once --amqp-url amqp://guest:guest@localhost/ --batch-size 500",
     )
     _add_common(p, apps_dest="installed_apps_sub")

@@ -18,11 +18,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from engine.database import create_engine, create_schema
 from engine.insights import OutboxInsights
 from engine.registry import EventRegistry
-from examples.orders import create_tables
-from examples.orders.traffic import generate_orders, trickle
+from outbox_tui.examples.orders import create_tables
+from outbox_tui.examples.orders.traffic import generate_orders, trickle
 
 DEMO_DATABASE_URL = "sqlite+aiosqlite:///./outbox-demo.db"
-DEMO_APPS = ("examples.orders",)
+DEMO_APPS = ("outbox_tui.examples.orders",)
 HEAD_START_ORDERS = 40
 
 log = logging.getLogger("outbox_tui.demo")

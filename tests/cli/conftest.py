@@ -23,11 +23,11 @@ from sqlalchemy import func, select
 
 from engine import OutboxDispatcher, create_engine, create_schema
 from engine.schema import outbox_events
-from examples.orders import create_tables
-from examples.orders.traffic import generate_orders
 from outbox_tui.apps import load_registry
+from outbox_tui.examples.orders import create_tables
+from outbox_tui.examples.orders.traffic import generate_orders
 
-APP = "examples.orders"
+APP = "outbox_tui.examples.orders"
 # For behaviour of the CLI itself rather than of a backend: one backend is enough.
 sqlite_only = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 ERROR_PREFIX = "outbox-tui: error: "

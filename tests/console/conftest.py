@@ -12,10 +12,10 @@ from engine import OutboxDispatcher, create_engine, create_schema
 from engine.insights import OutboxInsights
 from engine.registry import EventRegistry
 from engine.settings import DispatcherSettings
-from examples.orders import create_tables
-from examples.orders.traffic import generate_orders
 from outbox_tui.app import ConsoleConfig, OutboxConsole, make_app
 from outbox_tui.apps import load_registry
+from outbox_tui.examples.orders import create_tables
+from outbox_tui.examples.orders.traffic import generate_orders
 
 SIZE = (160, 45)
 # A dispatcher that reacts in tens of milliseconds and keeps every published row.
@@ -31,7 +31,7 @@ FAST_DISPATCH = DispatcherSettings(
 
 @pytest.fixture
 def orders_registry() -> EventRegistry:
-    return load_registry(["examples.orders"])
+    return load_registry(["outbox_tui.examples.orders"])
 
 
 async def seed(url: str, registry: EventRegistry, *, orders: int = 30, rounds: int = 1) -> None:

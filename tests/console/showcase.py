@@ -32,10 +32,10 @@ from engine.registry import EventRegistry
 from engine.schema import DEAD_LETTER, outbox_events
 from engine.settings import DispatcherSettings
 from engine.store import claim_batch
-from examples.orders import create_tables
-from examples.orders.traffic import generate_orders
 from outbox_tui.app import ConsoleConfig, OutboxConsole, make_app
 from outbox_tui.apps import load_registry
+from outbox_tui.examples.orders import create_tables
+from outbox_tui.examples.orders.traffic import generate_orders
 from outbox_tui.screens.confirm import ConfirmModal
 from outbox_tui.widgets.event_detail import EventDetailPane
 from outbox_tui.widgets.event_table import EventTable
@@ -79,13 +79,13 @@ def seeded_ids(seed: int = 20260314) -> Iterator[None]:
 
     with (
         mock.patch("engine.publisher.uuid7", event_id),
-        mock.patch("examples.orders.app.uuid", SimpleNamespace(uuid4=order_id)),
+        mock.patch("outbox_tui.examples.orders.app.uuid", SimpleNamespace(uuid4=order_id)),
     ):
         yield
 
 
 def registry() -> EventRegistry:
-    return load_registry(["examples.orders"])
+    return load_registry(["outbox_tui.examples.orders"])
 
 
 async def build_showcase(database_url: str, clock: FixedClock | None = None) -> None:

@@ -119,7 +119,7 @@ async def test_dead_letter_detail_shows_reason_payload_and_handler_runs(
 
 
 async def test_refresh_picks_up_new_rows_and_keeps_the_cursor(sqlite_seeded, orders_registry):
-    from examples.orders.traffic import generate_orders
+    from outbox_tui.examples.orders.traffic import generate_orders
 
     app = console(sqlite_seeded, orders_registry)
     async with app.run_test(size=SIZE) as pilot:

@@ -7,8 +7,8 @@ from sqlalchemy import select
 from engine import EventRegistry, OutboxDispatcher, create_engine, create_schema
 from engine.insights import OutboxInsights
 from engine.schema import outbox_events, side_effects
-from examples.orders import create_tables, register
-from examples.orders.traffic import generate_orders
+from outbox_tui.examples.orders import create_tables, register
+from outbox_tui.examples.orders.traffic import generate_orders
 
 
 async def test_orders_app_emits_events_and_its_handlers_exercise_every_state(database_url):

@@ -1,10 +1,10 @@
 """A small orders service: the outbox engine's example app and its plugin contract.
 
-Load it into the CLI or the console with ``--installed-app examples.orders``:
+Load it into the CLI or the console with ``--installed-app outbox_tui.examples.orders``:
 the CLI imports this module and calls ``register(registry)``.
 """
 
-from examples.orders.app import (
+from outbox_tui.examples.orders.app import (
     Base,
     Order,
     OrderCancelled,

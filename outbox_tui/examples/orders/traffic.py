@@ -9,7 +9,7 @@ import random
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from engine import EventRegistry, TaskContext
-from examples.orders.app import cancel_order, place_order
+from outbox_tui.examples.orders.app import cancel_order, place_order
 
 TENANTS = ("acme", "globex", "initech")
 CUSTOMERS = ("ada", "grace", "linus", "margaret", "ken", "barbara")
