@@ -37,13 +37,17 @@ class StartupError(OutboxError):
     """The console cannot open: the message says why and what to do."""
 
 
-def missing_sqlite_file(database_url: str) -> Path | None:
-    """The absolute path of a SQLite URL's file when that file does not exist."""
+def _sqlite_path(database_url: str) -> Path | None:
     url = parse_database_url(database_url)
     if url.get_backend_name() != "sqlite":
         return None
-    path = Path(url.database or "").absolute()
-    return None if path.exists() else path
+    return Path(url.database or "").absolute()
+
+
+def missing_sqlite_file(database_url: str) -> Path | None:
+    """The absolute path of a SQLite URL's file when that file does not exist."""
+    path = _sqlite_path(database_url)
+    return None if path is None or path.exists() else path
 
 
 async def preflight(database_url: str) -> None:
@@ -55,6 +59,11 @@ async def preflight(database_url: str) -> None:
             f"no SQLite database at {missing}; create it with "
             f"`{PROG} init-db --database-url {masked}`"
         )
+    sqlite_path = _sqlite_path(database_url)
+    if sqlite_path is not None and sqlite_path.is_dir():
+        # Refused here: aiosqlite's failed open of a directory leaves its worker thread
+        # answering a loop that is already closed.
+        raise StartupError(f"{sqlite_path} is a directory, not a SQLite database file")
     engine = console_engine(database_url)
     try:
         async with asyncio.timeout(PREFLIGHT_TIMEOUT_SECONDS):

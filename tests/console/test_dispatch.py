@@ -39,7 +39,10 @@ async def test_s_starts_dispatch_and_s_y_stops_it_gracefully(seeded_url, orders_
             lambda: (
                 snap().counts["pending"] == 0
                 and snap().counts["published"] > before["published"]
-                and any(hb.instance_id == "console:test" for hb in snap().heartbeats)
+                and any(
+                    hb.instance_id == "console:test" and hb.iterations > 0
+                    for hb in snap().heartbeats
+                )
             ),
             "the console's dispatcher to drain the outbox",
             seconds=10,

@@ -155,4 +155,4 @@ def test_broken_installed_app_is_one_line(sqlite_url):
 def test_no_traceback_reaches_the_terminal_for_a_directory_path(tmp_path):
     os.mkdir(tmp_path / "adir.db")
     code, out = start(f"sqlite+aiosqlite:///{tmp_path}/adir.db")
-    assert code == 1 and assert_one_line(out)
+    assert code == 1 and "adir.db is a directory, not a SQLite" in assert_one_line(out)
