@@ -9,9 +9,12 @@
 #                                            (fsync on; for benchmarks), plus server OPTS
 #                                            such as "-c shared_buffers=256MB"
 #   pg_down DIR                              stop the cluster in DIR
+#   pg_admin DIR PORT SQL                    run SQL as the superuser over DIR's socket
 #   rmq_up BASE PORT                         start a broker in BASE (Erlang distribution on
 #                                            PORT+20000), print its AMQP URL
 #   rmq_down BASE                            stop the broker in BASE (and epmd if it started it)
+#   free_port LOW COUNT [GAP]                a free loopback port in LOW..LOW+COUNT-1 (and
+#                                            PORT+GAP free too)
 # Every function is idempotent for its DIR/BASE, works under `set -euo pipefail`, binds only to
 # 127.0.0.1 and writes nothing outside DIR/BASE. pg_up's clusters run with fsync off: throwaway
 # only.
@@ -25,6 +28,18 @@ RMQBIN=${RMQBIN:-/usr/lib/rabbitmq/bin}
 _svc_die() { echo "services.sh: $*" >&2; return 1; }
 
 _port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# Callers pick ports below the kernel's ephemeral range (32768+), so no outgoing connection
+# takes them between the check and the bind.
+free_port() {  # LOW COUNT [GAP]: a free loopback port in LOW..LOW+COUNT-1 whose PORT+GAP is free too
+  local low=$1 count=$2 gap=${3:-0} port i
+  for i in $(seq 200); do
+    port=$((low + (RANDOM * 32768 + RANDOM) % count))
+    _port_open "$port" || { [ "$gap" != 0 ] && _port_open $((port + gap)); } || {
+      echo "$port"; return 0; }
+  done
+  _svc_die "no free port in $low..$((low + count - 1))"
+}
 
 # postgres and initdb refuse to run as root.
 _as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
@@ -105,6 +120,10 @@ _pg_start() {  # SERVER_OPTS DIR PORT DB USER PASS
     _as_pg "${psql[@]}" -c "CREATE DATABASE \"$db\" OWNER \"$user\"" >/dev/null || return 1
   fi
   echo "postgresql+asyncpg://$user:$pass@127.0.0.1:$port/$db"
+}
+
+pg_admin() {  # DIR PORT SQL: one statement as the `postgres` superuser, output unaligned
+  _as_pg "$PGBIN/psql" -h "$1" -p "$2" -U postgres -d postgres -qAtX -v ON_ERROR_STOP=1 -c "$3"
 }
 
 pg_down() {  # DIR
