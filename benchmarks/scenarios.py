@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks import drains, peer_pgqueuer, producing, support
+from benchmarks import drains, peer_amqp, peer_pgqueuer, producing, support
 from benchmarks.support import Context
 
 Run = Callable[[], Awaitable[dict[str, Any]]]
@@ -286,13 +286,17 @@ async def relay(ctx: Context, sizes: Sizes) -> dict[str, Any]:
     if ctx.amqp_url is None:
         return skipped("g", title, "no RabbitMQ (pass --amqp-url)")
     body = support.cloudevent_size()
-    runs = await alternate(
-        sizes.repeats,
-        [
-            ("ours", lambda: drains.relay(ctx, n)),
-            ("raw", lambda: drains.raw_publish(ctx, n, body_size=body)),
-        ],
-    )
+    try:
+        runs = await alternate(
+            sizes.repeats,
+            [
+                ("ours", lambda: drains.relay(ctx, n)),
+                ("raw", lambda: drains.raw_publish(ctx, n, body_size=body)),
+            ],
+        )
+    finally:
+        # Bound to every routing key: left behind, it would swallow what others publish.
+        await peer_amqp.delete_queue(ctx.amqp_url)
     result = ratio(runs["ours"], runs["raw"])
     return record(
         "g",
