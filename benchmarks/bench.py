@@ -88,7 +88,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--large-events", type=int, default=1_000_000)
     parser.add_argument("--large-repeats", type=int, default=1)
     parser.add_argument("--write-seconds", type=float, help="h, per run (default 4)")
-    parser.add_argument("--latency-events", type=int, help="i (default 100)")
+    parser.add_argument("--latency-events", type=int, help="i (default 150)")
     parser.add_argument("--batch-size", type=int, default=500)
     parser.add_argument(
         "--peer-loop", choices=("uvloop", "asyncio"), default="uvloop", help="pgqueuer's loop"
