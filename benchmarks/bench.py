@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -58,6 +59,7 @@ SMOKE = Sizes(
     relay=300,
     write_producers=2,
     write_seconds=1.0,
+    write_pairs=1,
     latency_events=6,
     latency_gaps=(0.12, 0.2),
 )
@@ -87,7 +89,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--relay-events", type=int, help="g (default 20,000)")
     parser.add_argument("--large-events", type=int, default=1_000_000)
     parser.add_argument("--large-repeats", type=int, default=1)
-    parser.add_argument("--write-seconds", type=float, help="h, per run (default 4)")
+    parser.add_argument("--write-seconds", type=float, help="h, per slot (default 3)")
     parser.add_argument("--latency-events", type=int, help="i (default 150)")
     parser.add_argument("--batch-size", type=int, default=500)
     parser.add_argument(
@@ -284,6 +286,10 @@ async def run(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                 progress.advance(overall)
     finally:
         await conn.close()
+    if args.workdir is None and not any(r["status"] == "error" for r in records):
+        shutil.rmtree(workdir, ignore_errors=True)  # kept after an error: the workers' logs
+    elif any(r["status"] == "error" for r in records):
+        console.print(f"workers' logs: {workdir}")
     records.sort(key=lambda r: r["id"])
     return {
         "started_at": started_at,

@@ -1,6 +1,6 @@
 """Producer processes for benchmarks/bench.py: the write path and the wake-up latency.
 
-    python -m benchmarks.producers write --mode plain|outbox --seconds S
+    python -m benchmarks.producers write --schedule outbox,plain,... --seconds S [--gap G]
     python -m benchmarks.producers latency --events N [--min-gap S] [--max-gap S]
 
 Both read ``OUTBOX_DATABASE_URL``, report ready and wait for the go file in
@@ -8,10 +8,14 @@ Both read ``OUTBOX_DATABASE_URL``, report ready and wait for the go file in
 ``OUTBOX_BENCH_LOG_DIR/result.<pid>.json``.
 
 ``write``: one business row per unit of work (``plain``), or that row plus one outbox
-event published in the same transaction (``outbox``), committed one after another for
-S seconds. ``latency``: one event per unit of work with the after-commit wake-up
-(``enable_commit_notifications``) installed, a random gap between commits; records
-each event id with the moment its commit returned.
+event published in the same transaction (``outbox``), committed one after another. The
+schedule is a list of slots of S seconds each, G seconds apart, counted from the moment
+written in the go file, so every producer switches mode at the same instant and the two
+modes alternate every few seconds without restarting a process.
+
+``latency``: one event per unit of work with the after-commit wake-up
+(``enable_commit_notifications``) installed, a random gap between commits; records each
+event id with the moment its commit returned.
 """
 
 from __future__ import annotations
@@ -46,14 +50,17 @@ def _registry() -> EventRegistry:
     return registry
 
 
-async def _wait_for_go() -> None:
+async def _wait_for_go() -> float:
+    """Wait for the go file; returns the start time written in it (now, if none)."""
     sync = os.environ.get("OUTBOX_BENCH_SYNC_DIR")
     if not sync:
-        return
+        return time.time()
     (Path(sync) / f"ready.{os.getpid()}").touch()
+    go = Path(sync) / "go"
     while True:
-        if (Path(sync) / "go").exists():
-            return
+        if go.exists():
+            text = go.read_text().strip()
+            return float(text) if text else time.time()
         await asyncio.sleep(0.002)
 
 
@@ -62,29 +69,31 @@ def _report(result: dict[str, Any]) -> None:
     out.write_text(json.dumps(result))
 
 
-async def write(mode: str, seconds: float) -> dict[str, Any]:
+async def write(schedule: list[str], seconds: float, gap: float) -> dict[str, Any]:
     engine = create_engine(os.environ["OUTBOX_DATABASE_URL"], pool_size=2)
     registry = _registry()
-    commits = 0
+    slots = []
     try:
         async with engine.connect() as conn:  # the first connection is not on the clock
             await conn.exec_driver_sql("SELECT 1")
-        await _wait_for_go()
-        started = time.perf_counter()
-        deadline = started + seconds
-        while time.perf_counter() < deadline:
-            async with unit_of_work(engine, registry=registry, context=CTX) as session:
-                order_id = uuid7()
-                await session.execute(insert(orders).values(id=order_id, n=commits))
-                if mode == "outbox":
-                    await OutboxEventPublisher(session).publish(
-                        EVENT_TYPE, {}, aggregate_type="order", aggregate_id=order_id
-                    )
-            commits += 1
-        elapsed = time.perf_counter() - started
+        start = await _wait_for_go()
+        for n, mode in enumerate(schedule):
+            slot_start = start + n * (seconds + gap)
+            await asyncio.sleep(max(0.0, slot_start - time.time()))
+            commits = 0
+            while time.time() < slot_start + seconds:
+                async with unit_of_work(engine, registry=registry, context=CTX) as session:
+                    order_id = uuid7()
+                    await session.execute(insert(orders).values(id=order_id, n=commits))
+                    if mode == "outbox":
+                        await OutboxEventPublisher(session).publish(
+                            EVENT_TYPE, {}, aggregate_type="order", aggregate_id=order_id
+                        )
+                commits += 1
+            slots.append({"mode": mode, "commits": commits})
     finally:
         await engine.dispose()
-    return {"commits": commits, "seconds": elapsed}
+    return {"slots": slots}
 
 
 async def latency(events: int, min_gap: float, max_gap: float) -> dict[str, Any]:
@@ -115,15 +124,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="producers for benchmarks/bench.py")
     sub = parser.add_subparsers(dest="what", required=True)
     w = sub.add_parser("write")
-    w.add_argument("--mode", choices=("plain", "outbox"), required=True)
-    w.add_argument("--seconds", type=float, default=4.0)
+    w.add_argument("--schedule", required=True, help="modes, comma-separated")
+    w.add_argument("--seconds", type=float, default=3.0)
+    w.add_argument("--gap", type=float, default=0.5)
     lat = sub.add_parser("latency")
     lat.add_argument("--events", type=int, default=150)
     lat.add_argument("--min-gap", type=float, default=0.02)
     lat.add_argument("--max-gap", type=float, default=0.2)
     args = parser.parse_args(argv)
     if args.what == "write":
-        result = asyncio.run(write(args.mode, args.seconds))
+        modes = args.schedule.split(",")
+        if not set(modes) <= {"plain", "outbox"}:
+            parser.error("--schedule takes plain and outbox")
+        result = asyncio.run(write(modes, args.seconds, args.gap))
     else:
         result = asyncio.run(latency(args.events, args.min_gap, args.max_gap))
     _report(result)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import statistics
 import sys
 import time
 from typing import Any
@@ -39,38 +38,60 @@ def _results(fleet: Fleet) -> dict[int, dict[str, Any]]:
     return found
 
 
-async def write_round(ctx: Context, mode: str, *, producers: int, seconds: float) -> dict[str, Any]:
-    """``producers`` processes committing units of work for ``seconds`` (plain or outbox)."""
+async def write_schedule(
+    ctx: Context, schedule: list[str], *, producers: int, seconds: float, gap: float = 0.5
+) -> list[dict[str, Any]]:
+    """``producers`` processes running the modes of ``schedule`` in slots of ``seconds``.
+
+    One run per slot: every producer switches mode at the same instant (start time +
+    n × (seconds + gap)), so the modes alternate every few seconds without restarting
+    processes and the machine's other load hits both alike. Usage is sampled per slot.
+    """
     await ctx.conn.execute(BUSINESS_TABLE)
     await ctx.conn.execute("TRUNCATE bench_orders")
     await support.reset_outbox(ctx.conn)
     await support.settle(ctx.conn)
     fleet = drains.new_fleet(ctx)
     env = fleet.env({"OUTBOX_DATABASE_URL": ctx.url})
+    argv = _producer("write", "--schedule", ",".join(schedule), "--seconds", str(seconds))
     for _ in range(producers):
-        fleet.start(_producer("write", "--mode", mode, "--seconds", str(seconds)), env)
+        fleet.start([*argv, "--gap", str(gap)], env)
+    slots: list[dict[str, Any]] = []
     try:
         await fleet.wait_ready()
-        progress = ctx.progress(f"{mode} × {producers}", int(seconds * 10))
-        async with usage.measuring(ctx, lambda: fleet.pids) as stats:
-            fleet.go()
-            await _wait_exit(fleet, list(range(producers)), progress, seconds)
+        progress = ctx.progress(f"{producers} producers, {len(schedule)} slots", len(schedule))
+        start = time.time() + 0.5
+        fleet.go(at=start)
+        for n in range(len(schedule)):
+            slot_start = start + n * (seconds + gap)
+            await asyncio.sleep(max(0.0, slot_start - time.time()))
+            async with usage.measuring(ctx, lambda: fleet.pids) as stats:
+                await asyncio.sleep(max(0.0, slot_start + seconds - time.time()))
+            slots.append(stats)
+            fleet.check_alive()
+            progress(n + 1)
+        await _wait_exit(fleet, list(range(producers)), lambda _n: None, 0)
         codes = await fleet.stop()
     except BaseException:
         fleet.kill()
         raise
     if any(codes):
-        raise WorkerFailed(f"write {mode}: exit codes {codes}:\n{fleet.log_tail()}")
+        raise WorkerFailed(f"write: exit codes {codes}:\n{fleet.log_tail()}")
     results = list(_results(fleet).values())
-    commits = sum(r["commits"] for r in results)
-    elapsed = statistics.mean(r["seconds"] for r in results)
-    return {
-        "commits": commits,
-        "seconds": round(elapsed, 3),
-        "rate": round(commits / elapsed, 1),
-        "producers": producers,
-        "usage": stats,
-    }
+    runs = []
+    for n, mode in enumerate(schedule):
+        commits = sum(r["slots"][n]["commits"] for r in results)
+        runs.append(
+            {
+                "mode": mode,
+                "commits": commits,
+                "seconds": seconds,
+                "rate": round(commits / seconds, 1),
+                "producers": producers,
+                "usage": slots[n],
+            }
+        )
+    return runs
 
 
 def _percentile(values: list[float], share: float) -> float:

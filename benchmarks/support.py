@@ -230,8 +230,11 @@ class Fleet:
                 raise WorkerFailed(f"workers not ready after {limit:g} s (see {self.workdir})")
             await asyncio.sleep(0.02)
 
-    def go(self) -> float:
-        (self.sync_dir / "go").touch()
+    def go(self, at: float | None = None) -> float:
+        """Start the workers (those that read it start at the unix time ``at``)."""
+        staged = self.sync_dir / "go.staged"
+        staged.write_text("" if at is None else repr(at))
+        staged.replace(self.sync_dir / "go")  # atomic: a reader never sees it half-written
         return time.perf_counter()
 
     async def stop(self, limit: float = 60.0) -> list[int]:
