@@ -86,7 +86,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--io-events", type=int, help="b (default 5,000)")
     parser.add_argument("--ordered-events", type=int, help="c (default 50,000)")
     parser.add_argument("--scale-events", type=int, help="e (default 50,000)")
-    parser.add_argument("--relay-events", type=int, help="g (default 20,000)")
+    parser.add_argument("--relay-events", type=int, help="g (default 10,000, 5 repeats)")
     parser.add_argument("--large-events", type=int, default=1_000_000)
     parser.add_argument("--large-repeats", type=int, default=1)
     parser.add_argument("--write-seconds", type=float, help="h, per slot (default 3)")
