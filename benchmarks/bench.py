@@ -208,7 +208,9 @@ def plan(ctx: Context, sizes: Sizes, args: argparse.Namespace) -> list[Step]:
         steps.append(
             (
                 "a+d drain",
-                lambda: scenarios.drain(ctx, sizes, peer="a" in only and peer, floor="d" in only),
+                lambda: scenarios.drain(
+                    ctx, sizes, against_peer="a" in only, peer=peer, floor="d" in only
+                ),
             )
         )
     one = {

@@ -91,13 +91,16 @@ def met(value: float, target: str) -> bool:
 # -- a + d: the drain, against pgqueuer and against the SQL floor ---------------------------
 
 
-async def drain(ctx: Context, sizes: Sizes, *, peer: bool, floor: bool) -> list[dict[str, Any]]:
+async def drain(
+    ctx: Context, sizes: Sizes, *, against_peer: bool, peer: bool, floor: bool
+) -> list[dict[str, Any]]:
+    """a (``against_peer``: ours / pgqueuer, skipped without ``peer``) and d (``floor``)."""
     n = sizes.drain
     label = f"outbox-tui --dispatch ×2, batch {ctx.batch_size}"
     sides: list[tuple[str, Run]] = [("ours", lambda: drains.ours(ctx, n))]
     peer_reason = None if peer_pgqueuer.available() else "peer not installed (pgqueuer)"
     floor_reason = None if drains.pgbench_binary() else "pgbench not found"
-    if peer and not peer_reason:
+    if against_peer and peer and not peer_reason:
         sides.append(
             ("pgqueuer", lambda: drains.pgqueuer(ctx, n, loop=sizes.peer_loop, label="pgqueuer"))
         )
@@ -106,29 +109,24 @@ async def drain(ctx: Context, sizes: Sizes, *, peer: bool, floor: bool) -> list[
     runs = await alternate(sizes.repeats, sides)
     out = []
     title_a = f"a. drain {n:,} events, no-op handler: ours / pgqueuer"
-    if not peer:
-        out.append(
-            skipped("a", title_a, "peer skipped (--no-peer)", ours=side(label, runs["ours"]))
+    why_not = "peer skipped (--no-peer)" if not peer else peer_reason
+    if against_peer and why_not:
+        out.append(skipped("a", title_a, why_not, ours=side(label, runs["ours"])))
+    elif against_peer:
+        peer_label = (
+            f"pgqueuer {peer_pgqueuer.version()} ×2, batch {ctx.batch_size}, {sizes.peer_loop}"
         )
-    else:
-        if peer_reason:
-            out.append(skipped("a", title_a, peer_reason, ours=side(label, runs["ours"])))
-        else:
-            out.append(
-                record(
-                    "a",
-                    title_a,
-                    unit="events/s",
-                    ours=side(label, runs["ours"]),
-                    peer=side(
-                        f"pgqueuer {peer_pgqueuer.version()} ×2, batch {ctx.batch_size}, "
-                        f"{sizes.peer_loop}",
-                        runs["pgqueuer"],
-                    ),
-                    target=None,
-                    **ratio(runs["ours"], runs["pgqueuer"]),
-                )
+        out.append(
+            record(
+                "a",
+                title_a,
+                unit="events/s",
+                ours=side(label, runs["ours"]),
+                peer=side(peer_label, runs["pgqueuer"]),
+                target=None,
+                **ratio(runs["ours"], runs["pgqueuer"]),
             )
+        )
     if floor:
         title_d = f"d. drain {n:,}: ours / SQL floor (pgbench, 2 clients, same claim + complete)"
         if floor_reason:
