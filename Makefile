@@ -3,7 +3,7 @@ PYTHON ?= python3
 BIN = $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: install test lint demo screenshots clean
+.PHONY: install test lint demo screenshots bench clean
 
 # Re-installs whenever pyproject.toml changes (new dependency, new entry point).
 $(VENV)/.installed: pyproject.toml
@@ -14,10 +14,21 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+$(VENV)/.installed-bench: $(VENV)/.installed
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	touch $@
+
 # Starts a throwaway PostgreSQL and RabbitMQ unless OUTBOX_TEST_PG_URL / OUTBOX_TEST_AMQP_URL
 # are set; e.g. make test PYTEST_ARGS="-k sqlite -x"
 test: install
 	VENV=$(VENV) bash scripts/test.sh $(PYTEST_ARGS)
+
+# Side by side with pgqueuer, the SQL floor and raw aio-pika on a durable PostgreSQL and a
+# RabbitMQ it starts itself (~15 min); writes docs/BENCHMARKS.md and benchmarks/results/.
+# e.g. make bench BENCH_ARGS="--smoke" or BENCH_ARGS="--large"
+BENCH_ARGS ?=
+bench: $(VENV)/.installed-bench
+	VENV=$(VENV) bash scripts/bench.sh $(BENCH_ARGS)
 
 lint: install
 	$(BIN)/ruff check .
@@ -34,5 +45,5 @@ screenshots: install
 # target re-installs.
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache snapshot_report.html
-	rm -f $(VENV)/.installed
+	rm -f $(VENV)/.installed $(VENV)/.installed-bench
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +

@@ -4,12 +4,20 @@
 # Source this file, then:
 #   ensure_server_packages [pg] [rmq]        install missing server packages (root + apt) or fail
 #   pg_up DIR PORT DB USER PASS              start a cluster in DIR, print its SQLAlchemy URL
+#   pg_up_durable DIR PORT DB USER PASS [OPTS]
+#                                            the same with PostgreSQL's default durability
+#                                            (fsync on; for benchmarks), plus server OPTS
+#                                            such as "-c shared_buffers=256MB"
 #   pg_down DIR                              stop the cluster in DIR
+#   pg_admin DIR PORT SQL                    run SQL as the superuser over DIR's socket
 #   rmq_up BASE PORT                         start a broker in BASE (Erlang distribution on
 #                                            PORT+20000), print its AMQP URL
 #   rmq_down BASE                            stop the broker in BASE (and epmd if it started it)
+#   free_port LOW COUNT [GAP]                a free loopback port in LOW..LOW+COUNT-1 (and
+#                                            PORT+GAP free too)
 # Every function is idempotent for its DIR/BASE, works under `set -euo pipefail`, binds only to
-# 127.0.0.1 and writes nothing outside DIR/BASE. The clusters run with fsync off: throwaway only.
+# 127.0.0.1 and writes nothing outside DIR/BASE. pg_up's clusters run with fsync off: throwaway
+# only.
 # As root, PostgreSQL runs as the `postgres` user, so DIR and all its parents must be traversable
 # by it (use /tmp, not a checkout under /root). Keep DIR short: its socket path must stay under
 # 107 bytes.
@@ -20,6 +28,18 @@ RMQBIN=${RMQBIN:-/usr/lib/rabbitmq/bin}
 _svc_die() { echo "services.sh: $*" >&2; return 1; }
 
 _port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# Callers pick ports below the kernel's ephemeral range (32768+), so no outgoing connection
+# takes them between the check and the bind.
+free_port() {  # LOW COUNT [GAP]: a free loopback port in LOW..LOW+COUNT-1 whose PORT+GAP is free too
+  local low=$1 count=$2 gap=${3:-0} port i
+  for i in $(seq 200); do
+    port=$((low + (RANDOM * 32768 + RANDOM) % count))
+    _port_open "$port" || { [ "$gap" != 0 ] && _port_open $((port + gap)); } || {
+      echo "$port"; return 0; }
+  done
+  _svc_die "no free port in $low..$((low + count - 1))"
+}
 
 # postgres and initdb refuse to run as root.
 _as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
@@ -61,8 +81,18 @@ ensure_server_packages() {  # [pg] [rmq]: which servers are needed (default: bot
   done
 }
 
+PG_THROWAWAY_OPTS="-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+
 pg_up() {  # DIR PORT DB USER PASS -> prints the SQLAlchemy URL; USER gets LOGIN CREATEDB
-  local dir=$1 port=$2 db=$3 user=$4 pass=$5 out i
+  _pg_start "$PG_THROWAWAY_OPTS" "$@"
+}
+
+pg_up_durable() {  # DIR PORT DB USER PASS [OPTS] -> as pg_up, fsync and friends left on
+  _pg_start "${6:-}" "$1" "$2" "$3" "$4" "$5"
+}
+
+_pg_start() {  # SERVER_OPTS DIR PORT DB USER PASS
+  local opts=$1 dir=$2 port=$3 db=$4 user=$5 pass=$6 out i
   _pg_installed || { _svc_die "PostgreSQL 15 binaries not found in $PGBIN"; return 1; }
   if [ "$(id -u)" = 0 ] && ! id postgres >/dev/null 2>&1; then
     _svc_die "running as root but there is no 'postgres' user to run the server as"; return 1
@@ -77,8 +107,7 @@ pg_up() {  # DIR PORT DB USER PASS -> prints the SQLAlchemy URL; USER gets LOGIN
   if ! _as_pg "$PGBIN/pg_ctl" -D "$dir" status >/dev/null 2>&1; then
     _port_open "$port" && { _svc_die "port $port is already in use"; return 1; }
     _as_pg "$PGBIN/pg_ctl" -D "$dir" -l "$dir/server.log" -w -t 60 start -o "-p $port -k $dir \
-      -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off \
-      -c full_page_writes=off" >/dev/null || { tail -n 20 "$dir/server.log" >&2; return 1; }
+      -c listen_addresses=127.0.0.1 $opts" >/dev/null || { tail -n 20 "$dir/server.log" >&2; return 1; }
   fi
   for i in $(seq 300); do "$PGBIN/pg_isready" -q -h 127.0.0.1 -p "$port" && break; sleep 0.1; done
   local psql=("$PGBIN/psql" -h "$dir" -p "$port" -U postgres -d postgres -qAtX -v ON_ERROR_STOP=1)
@@ -91,6 +120,10 @@ pg_up() {  # DIR PORT DB USER PASS -> prints the SQLAlchemy URL; USER gets LOGIN
     _as_pg "${psql[@]}" -c "CREATE DATABASE \"$db\" OWNER \"$user\"" >/dev/null || return 1
   fi
   echo "postgresql+asyncpg://$user:$pass@127.0.0.1:$port/$db"
+}
+
+pg_admin() {  # DIR PORT SQL: one statement as the `postgres` superuser, output unaligned
+  _as_pg "$PGBIN/psql" -h "$1" -p "$2" -U postgres -d postgres -qAtX -v ON_ERROR_STOP=1 -c "$3"
 }
 
 pg_down() {  # DIR

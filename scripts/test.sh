@@ -25,18 +25,8 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-# Ports below the kernel's ephemeral range (32768+), so no outgoing connection takes them
-# between the check and the bind; PostgreSQL and RabbitMQ (+20000 for Erlang distribution) get
-# disjoint ranges.
-free_port() {  # LOW COUNT [GAP]: a free loopback port in LOW..LOW+COUNT-1 whose PORT+GAP is free too
-  local low=$1 count=$2 gap=${3:-0} port i
-  for i in $(seq 200); do
-    port=$((low + (RANDOM * 32768 + RANDOM) % count))
-    _port_open "$port" || { [ "$gap" != 0 ] && _port_open $((port + gap)); } || {
-      echo "$port"; return 0; }
-  done
-  echo "test.sh: no free port in $low..$((low + count - 1))" >&2; return 1
-}
+# free_port (services.sh): PostgreSQL and RabbitMQ (+20000 for Erlang distribution) get
+# disjoint ranges below the kernel's ephemeral ports.
 
 # Creating a database per test takes ~10-20 ms on tmpfs but ~170-200 ms on ext4 (fsync off in
 # both cases), so the servers live in /dev/shm when it is tmpfs with room to spare (Docker's

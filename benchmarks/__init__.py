@@ -1,0 +1,1 @@
+"""Benchmarks: `make bench` (benchmarks/bench.py) and the older single-purpose scripts."""

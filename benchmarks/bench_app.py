@@ -1,0 +1,68 @@
+"""The installed app the benchmark's dispatchers load: ``--installed-app benchmarks.bench_app``.
+
+Registers ``bench.happened`` v1 with one handler, configured by environment variables
+that the harness sets per run:
+
+``OUTBOX_BENCH_SLEEP_MS``  the handler awaits ``asyncio.sleep`` this long (default 0: no-op)
+``OUTBOX_BENCH_LOG_DIR``   append ``<event id>\\t<unix time at handler start>`` per call to
+                           ``calls.<pid>.tsv`` there (duplicates, counts, wake-up latency)
+``OUTBOX_BENCH_SYNC_DIR``  in ``register()``: create ``ready.<pid>`` there, then block until
+                           a file ``go`` appears, so every process starts draining at once
+                           and the clock does not include Python's start-up
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import os
+import time
+from pathlib import Path
+from typing import TextIO
+
+from engine import EventRegistry
+from engine.envelope import EventEnvelope
+
+EVENT_TYPE = "bench.happened"
+HANDLER_KEY = "bench.handler"
+GO_TIMEOUT_SECONDS = 300.0
+
+
+class CallLog:
+    """Handler starts, written through a large buffer and flushed at exit."""
+
+    def __init__(self, directory: str) -> None:
+        path = Path(directory) / f"calls.{os.getpid()}.tsv"
+        self._file: TextIO = path.open("a", buffering=1 << 20)
+        atexit.register(self._file.close)
+
+    def record(self, event_id: str) -> None:
+        self._file.write(f"{event_id}\t{time.time():.6f}\n")
+
+
+def wait_for_go(directory: str, timeout: float = GO_TIMEOUT_SECONDS) -> None:
+    sync = Path(directory)
+    (sync / f"ready.{os.getpid()}").touch()
+    deadline = time.monotonic() + timeout
+    while not (sync / "go").exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no go signal in {sync} after {timeout:g} s")
+        time.sleep(0.002)
+
+
+def register(registry: EventRegistry) -> None:
+    sleep_seconds = float(os.environ.get("OUTBOX_BENCH_SLEEP_MS", "0")) / 1000
+    log_dir = os.environ.get("OUTBOX_BENCH_LOG_DIR")
+    calls = CallLog(log_dir) if log_dir else None
+    registry.register_event(EVENT_TYPE, 1)
+
+    async def handle(envelope: EventEnvelope) -> None:
+        if calls is not None:
+            calls.record(envelope.event_id)
+        if sleep_seconds:
+            await asyncio.sleep(sleep_seconds)
+
+    registry.register_handler(EVENT_TYPE, handle, key=HANDLER_KEY)
+    sync_dir = os.environ.get("OUTBOX_BENCH_SYNC_DIR")
+    if sync_dir:
+        wait_for_go(sync_dir)

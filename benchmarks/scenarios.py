@@ -1,0 +1,352 @@
+"""The comparisons of ``make bench``: each alternates its sides R times and reports a ratio.
+
+Every scenario returns one record (see ``record``): the sides' rates (median and best
+of the repeats, every run kept), the median of the per-repeat ratios, the target and
+whether it was met. A side that cannot run (pgqueuer not installed, no pgbench, no
+broker, no ``ordering_key`` column) makes the record ``skipped`` with the reason.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from benchmarks import drains, peer_amqp, peer_pgqueuer, producing, support
+from benchmarks.support import Context
+
+Run = Callable[[], Awaitable[dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class Sizes:
+    repeats: int = 3
+    drain: int = 100_000
+    io: int = 5_000
+    io_sleep_ms: float = 10.0
+    io_concurrency: int = 500
+    ordered: int = 50_000
+    hot_key: int = 2_000
+    scale: int = 50_000
+    large: int | None = None  # 1_000_000 with --large
+    large_base: int = 100_000
+    relay: int = 10_000
+    relay_repeats: int = 5  # short runs, more pairs: the broker makes this one noisy
+    write_producers: int = 8
+    write_seconds: float = 3.0
+    write_pairs: int = 6
+    latency_events: int = 150
+    # Longer than the notifier's 100 ms coalescing interval: every commit notifies at once,
+    # so the figure is the wake-up path, not the coalescing delay.
+    latency_gaps: tuple[float, float] = (0.12, 0.3)
+    peer_loop: str = "uvloop"
+    peer_io_max_tasks: int | None = None
+
+
+def record(sid: str, title: str, **fields: Any) -> dict[str, Any]:
+    return {"id": sid, "title": title, "status": "ok", **fields}
+
+
+def skipped(sid: str, title: str, reason: str, **fields: Any) -> dict[str, Any]:
+    return {"id": sid, "title": title, "status": "skipped", "reason": reason, **fields}
+
+
+async def alternate(repeats: int, sides: list[tuple[str, Run]]) -> dict[str, list[dict[str, Any]]]:
+    """Run every side once per repeat, rotating who goes first, so drift hits all alike."""
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in sides}
+    for r in range(repeats):
+        turn = r % len(sides)
+        for name, run in sides[turn:] + sides[:turn]:
+            runs[name].append(await run())
+    return runs
+
+
+def side(label: str, runs: list[dict[str, Any]], key: str = "rate") -> dict[str, Any]:
+    values = [r[key] for r in runs]
+    return {
+        "label": label,
+        "median": round(statistics.median(values), 1),
+        "best": round(max(values), 1),
+        "runs": runs,
+    }
+
+
+def ratio(
+    ours: list[dict[str, Any]], other: list[dict[str, Any]], *, invert: bool = False
+) -> dict[str, Any]:
+    """Median of the per-repeat ratios ours / other (other / ours with ``invert``)."""
+    pairs = [
+        (b["rate"] / a["rate"]) if invert else (a["rate"] / b["rate"])
+        for a, b in zip(ours, other, strict=True)
+    ]
+    return {"ratio": round(statistics.median(pairs), 3), "ratios": [round(p, 3) for p in pairs]}
+
+
+def met(value: float, target: str) -> bool:
+    op, bound = target.split()
+    return value >= float(bound) if op == ">=" else value <= float(bound)
+
+
+# -- a + d: the drain, against pgqueuer and against the SQL floor ---------------------------
+
+
+async def drain(
+    ctx: Context, sizes: Sizes, *, against_peer: bool, peer: bool, floor: bool
+) -> list[dict[str, Any]]:
+    """a (``against_peer``: ours / pgqueuer, skipped without ``peer``) and d (``floor``)."""
+    n = sizes.drain
+    label = f"outbox-tui --dispatch ×2, batch {ctx.batch_size}"
+    sides: list[tuple[str, Run]] = [("ours", lambda: drains.ours(ctx, n))]
+    peer_reason = None if peer_pgqueuer.available() else "peer not installed (pgqueuer)"
+    floor_reason = None if drains.pgbench_binary() else "pgbench not found"
+    if against_peer and peer and not peer_reason:
+        sides.append(
+            ("pgqueuer", lambda: drains.pgqueuer(ctx, n, loop=sizes.peer_loop, label="pgqueuer"))
+        )
+    if floor and not floor_reason:
+        sides.append(("floor", lambda: drains.floor(ctx, n)))
+    runs = await alternate(sizes.repeats, sides)
+    out = []
+    title_a = f"a. drain {n:,} events, no-op handler: ours / pgqueuer"
+    why_not = "peer skipped (--no-peer)" if not peer else peer_reason
+    if against_peer and why_not:
+        out.append(skipped("a", title_a, why_not, ours=side(label, runs["ours"])))
+    elif against_peer:
+        peer_label = (
+            f"pgqueuer {peer_pgqueuer.version()} ×2, batch {ctx.batch_size}, {sizes.peer_loop}"
+        )
+        out.append(
+            record(
+                "a",
+                title_a,
+                unit="events/s",
+                ours=side(label, runs["ours"]),
+                peer=side(peer_label, runs["pgqueuer"]),
+                target=None,
+                **ratio(runs["ours"], runs["pgqueuer"]),
+            )
+        )
+    if floor:
+        title_d = f"d. drain {n:,}: ours / SQL floor (pgbench, 2 clients, same claim + complete)"
+        if floor_reason:
+            out.append(skipped("d", title_d, floor_reason))
+        else:
+            result = ratio(runs["ours"], runs["floor"])
+            out.append(
+                record(
+                    "d",
+                    title_d,
+                    unit="events/s",
+                    ours=side(label, runs["ours"]),
+                    peer=side("pgbench -c 2, claim + complete", runs["floor"]),
+                    target=">= 0.8",
+                    met=met(result["ratio"], ">= 0.8"),
+                    **result,
+                )
+            )
+    return out
+
+
+# -- b: I/O-bound handlers --------------------------------------------------------------
+
+
+async def io_bound(ctx: Context, sizes: Sizes, *, peer: bool = True) -> dict[str, Any]:
+    n, ms = sizes.io, sizes.io_sleep_ms
+    title = f"b. drain {n:,} events, handler awaits {ms:g} ms: ours / pgqueuer"
+    concurrency = sizes.io_concurrency if ctx.max_concurrency_flag else None
+    label = "outbox-tui --dispatch ×2, " + (
+        f"--max-concurrency {concurrency}"
+        if concurrency
+        else "one handler at a time (CLI has no --max-concurrency)"
+    )
+
+    def ours() -> Awaitable[dict[str, Any]]:
+        return drains.ours(ctx, n, sleep_ms=ms, concurrency=concurrency)
+
+    if not peer or not peer_pgqueuer.available():
+        runs = await alternate(sizes.repeats, [("ours", ours)])
+        why = "peer not installed (pgqueuer)" if peer else "peer skipped (--no-peer)"
+        return skipped("b", title, why, ours=side(label, runs["ours"]))
+    tasks = sizes.peer_io_max_tasks
+
+    def theirs() -> Awaitable[dict[str, Any]]:
+        return drains.pgqueuer(
+            ctx, n, sleep_ms=ms, max_concurrent_tasks=tasks, loop=sizes.peer_loop
+        )
+
+    runs = await alternate(sizes.repeats, [("ours", ours), ("pgqueuer", theirs)])
+    peer_label = f"pgqueuer ×2, batch {ctx.batch_size}, max_concurrent_tasks {tasks or 'unlimited'}"
+    return record(
+        "b",
+        title,
+        unit="events/s",
+        ours=side(label, runs["ours"]),
+        peer=side(peer_label, runs["pgqueuer"]),
+        target=None,
+        **ratio(runs["ours"], runs["pgqueuer"]),
+    )
+
+
+# -- c: ordered delivery ----------------------------------------------------------------
+
+
+async def ordered(ctx: Context, sizes: Sizes) -> dict[str, Any]:
+    n = sizes.ordered
+    title = f"c. drain {n:,} events over 1,000 ordering keys / unordered"
+    if not await support.has_column(ctx.conn, "outbox_events", "ordering_key"):
+        return skipped("c", title, "no ordering_key column")
+
+    def spread(i: int) -> str:
+        return f"k:{i % 1000}"
+
+    runs = await alternate(
+        sizes.repeats,
+        [
+            ("ordered", lambda: drains.ours(ctx, n, ordering_key=spread, label="ours: 1,000 keys")),
+            ("unordered", lambda: drains.ours(ctx, n, label="ours: unordered")),
+        ],
+    )
+    hot = await alternate(
+        sizes.repeats,
+        [("hot", lambda: drains.ours(ctx, sizes.hot_key, ordering_key=lambda _i: "k:hot"))],
+    )
+    result = ratio(runs["ordered"], runs["unordered"])
+    return record(
+        "c",
+        title,
+        unit="events/s",
+        ours=side("ordered, 1,000 keys, ×2", runs["ordered"]),
+        peer=side("unordered, ×2", runs["unordered"]),
+        hot_key=side(f"one hot key, {sizes.hot_key:,} events, ×2", hot["hot"]),
+        target=">= 0.8",
+        met=met(result["ratio"], ">= 0.8"),
+        **result,
+    )
+
+
+# -- e, f: scale-out and a large backlog -------------------------------------------------
+
+
+async def scale_out(ctx: Context, sizes: Sizes) -> dict[str, Any]:
+    n = sizes.scale
+    runs = await alternate(
+        sizes.repeats,
+        [
+            ("four", lambda: drains.ours(ctx, n, processes=4, label="ours ×4")),
+            ("one", lambda: drains.ours(ctx, n, processes=1, label="ours ×1")),
+        ],
+    )
+    duplicates = sum(r["duplicates"] for r in runs["four"] + runs["one"])
+    result = ratio(runs["four"], runs["one"])
+    return record(
+        "e",
+        f"e. drain {n:,}: 4 processes / 1 process (no event handled twice)",
+        unit="events/s",
+        ours=side("outbox-tui --dispatch ×4", runs["four"]),
+        peer=side("outbox-tui --dispatch ×1", runs["one"]),
+        duplicates=duplicates,
+        target=">= 1.5",
+        met=met(result["ratio"], ">= 1.5") and duplicates == 0,
+        **result,
+    )
+
+
+async def large_backlog(ctx: Context, sizes: Sizes, repeats: int) -> dict[str, Any]:
+    base = sizes.large_base
+    if sizes.large is None:
+        return skipped("f", "f. drain rate at 1,000,000 / at 100,000", "not run: pass --large")
+    big = sizes.large
+    runs = await alternate(
+        repeats,
+        [
+            ("big", lambda: drains.ours(ctx, big, label=f"ours: {big:,}")),
+            ("base", lambda: drains.ours(ctx, base, label=f"ours: {base:,}")),
+        ],
+    )
+    result = ratio(runs["big"], runs["base"])
+    return record(
+        "f",
+        f"f. drain rate at {big:,} / at {base:,}",
+        unit="events/s",
+        ours=side(f"{big:,} preloaded, ×2", runs["big"]),
+        peer=side(f"{base:,} preloaded, ×2", runs["base"]),
+        target=">= 0.8",
+        met=met(result["ratio"], ">= 0.8"),
+        **result,
+    )
+
+
+# -- g, h, i: relay, write path, wake-up --------------------------------------------------
+
+
+async def relay(ctx: Context, sizes: Sizes) -> dict[str, Any]:
+    n = sizes.relay
+    title = f"g. relay {n:,} events to RabbitMQ: ours / raw aio-pika confirmed publishes"
+    if ctx.amqp_url is None:
+        return skipped("g", title, "no RabbitMQ (pass --amqp-url)")
+    body = support.cloudevent_size()
+    try:
+        runs = await alternate(
+            max(sizes.repeats, sizes.relay_repeats) if sizes.repeats > 1 else 1,
+            [
+                ("ours", lambda: drains.relay(ctx, n)),
+                ("raw", lambda: drains.raw_publish(ctx, n, body_size=body)),
+            ],
+        )
+    finally:
+        # Bound to every routing key: left behind, it would swallow what others publish.
+        await peer_amqp.delete_queue(ctx.amqp_url)
+    result = ratio(runs["ours"], runs["raw"])
+    return record(
+        "g",
+        title,
+        unit="events/s",
+        ours=side(f"outbox-tui --dispatch --amqp-url ×1, batch {ctx.batch_size}", runs["ours"]),
+        peer=side(f"aio-pika, one channel, gather {ctx.batch_size}, {body} B", runs["raw"]),
+        body_bytes=body,
+        target=">= 0.7",
+        met=met(result["ratio"], ">= 0.7"),
+        **result,
+    )
+
+
+async def write_path(ctx: Context, sizes: Sizes) -> dict[str, Any]:
+    """The modes alternate slot by slot in one set of producer processes (see producing)."""
+    producers, seconds, pairs = sizes.write_producers, sizes.write_seconds, sizes.write_pairs
+    schedule = []
+    for n in range(pairs):
+        schedule += ["outbox", "plain"] if n % 2 == 0 else ["plain", "outbox"]
+    runs = await producing.write_schedule(ctx, schedule, producers=producers, seconds=seconds)
+    outbox = [r for r in runs if r["mode"] == "outbox"]
+    plain = [r for r in runs if r["mode"] == "plain"]
+    # A cost: how many times slower the write path gets with the event (lower is better).
+    result = ratio(outbox, plain, invert=True)
+    return record(
+        "h",
+        f"h. write path, {producers} producers, durable commits: row alone / row + event "
+        f"(a cost; {pairs} alternations of {seconds:g} s)",
+        unit="commits/s",
+        ours=side("business row + outbox event", outbox),
+        peer=side("business row alone", plain),
+        target="<= 1.2",
+        met=met(result["ratio"], "<= 1.2"),
+        **result,
+    )
+
+
+async def latency(ctx: Context, sizes: Sizes) -> dict[str, Any]:
+    """One run: a latency distribution needs events, not alternation (there is no peer)."""
+    low, high = sizes.latency_gaps
+    run = await producing.wakeup_latency(ctx, sizes.latency_events, min_gap=low, max_gap=high)
+    return record(
+        "i",
+        f"i. wake-up: producer commit → handler start, NOTIFY after commit, "
+        f"{sizes.latency_events} commits {low * 1000:g}–{high * 1000:g} ms apart",
+        unit="ms",
+        ours=side("p50", [run], key="p50_ms"),
+        p50_ms=run["p50_ms"],
+        p99_ms=run["p99_ms"],
+        target="p50 < 20 ms",
+        met=run["p50_ms"] < 20,
+    )

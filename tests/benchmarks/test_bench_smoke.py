@@ -1,0 +1,68 @@
+"""`make bench --smoke` against the suite's PostgreSQL and RabbitMQ: the harness runs every
+comparison end to end and writes a well-formed result. Nothing here is timed.
+
+pgqueuer is not in the test extra (it brings uvloop, typer, croniter and more, and is only
+the yardstick of `make bench`), so under `make test` the two pgqueuer comparisons must come
+back cleanly as "peer not installed"; where it is installed they must run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+HAS_PGQUEUER = importlib.util.find_spec("pgqueuer") is not None
+
+pytestmark = [pytest.mark.slow, pytest.mark.postgresql, pytest.mark.rabbitmq]
+
+
+def _rates(side: dict) -> list[float]:
+    return [run["rate"] for run in side["runs"]]
+
+
+def test_smoke_run_reports_every_comparison(pg_url: str, amqp_url: str, tmp_path: Path) -> None:
+    out = tmp_path / "result.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench", "--smoke", "--database-url", pg_url,
+         "--amqp-url", amqp_url, "--json", str(out), "--no-markdown",
+         "--workdir", str(tmp_path / "work")],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(out.read_text())
+
+    assert result["machine"]["postgresql"].startswith("15")
+    assert result["options"]["smoke"] is True
+    by_id = {rec["id"]: rec for rec in result["scenarios"]}
+    assert sorted(by_id) == list("abcdefghi")
+    assert not [rec for rec in result["scenarios"] if rec["status"] == "error"]
+
+    for sid in "ab":
+        if HAS_PGQUEUER:
+            assert by_id[sid]["status"] == "ok", by_id[sid]
+        else:
+            assert by_id[sid]["status"] == "skipped"
+            assert by_id[sid]["reason"] == "peer not installed (pgqueuer)"
+        assert all(rate > 0 for rate in _rates(by_id[sid]["ours"]))
+    assert (by_id["f"]["status"], by_id["f"]["reason"]) == ("skipped", "not run: pass --large")
+    if by_id["c"]["status"] == "skipped":
+        assert by_id["c"]["reason"] == "no ordering_key column"
+
+    for rec in result["scenarios"]:
+        if rec["status"] != "ok" or rec["id"] == "i":
+            continue
+        assert rec["ratio"] > 0, rec
+        for key in ("ours", "peer"):
+            assert all(rate > 0 for rate in _rates(rec[key])), (rec["id"], key)
+            assert rec[key]["runs"][0]["usage"]["wall_seconds"] > 0
+    assert by_id["e"]["duplicates"] == 0
+    assert by_id["g"]["ours"]["runs"][0]["queued"] >= by_id["g"]["ours"]["runs"][0]["events"]
+    latency = by_id["i"]
+    assert latency["status"] == "ok"
+    assert 0 < latency["p50_ms"] <= latency["p99_ms"]
