@@ -95,11 +95,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--peer-loop", choices=("uvloop", "asyncio"), default="uvloop", help="pgqueuer's loop"
     )
-    parser.add_argument("--json", type=Path, default=Path("benchmarks/results/latest.json"))
+    parser.add_argument("--json", type=Path, default=None, help="default: results/latest.json")
     parser.add_argument("--markdown", type=Path, default=Path("docs/BENCHMARKS.md"))
     parser.add_argument("--no-markdown", action="store_true")
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args(argv)
+    if args.json is None:  # a smoke run must not overwrite the last real run's figures
+        name = "smoke.json" if args.smoke else "latest.json"
+        args.json = Path("benchmarks/results") / name
+        args.no_markdown = args.no_markdown or args.smoke
     if not args.database_url:
         parser.error("--database-url (or OUTBOX_BENCH_DATABASE_URL) is required")
     args.only = "".join(c for c in args.only if c in ALL)
