@@ -2,7 +2,7 @@
 
 import sys
 
-from outbox_tui.cli import main
+from outbox_tui.entry import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -890,14 +890,29 @@ def _start_metrics(inv: Invocation) -> Any:
     return metrics, server
 
 
+class _StopDuringStartup(Exception):
+    """Internal: SIGTERM/SIGINT arrived before the dispatcher started."""
+
+
 @contextlib.contextmanager
-def _shutdown_on_signals(shutdown: asyncio.Event) -> Iterator[None]:
-    """SIGTERM/SIGINT ask the loop to stop after the current batch; a second SIGINT aborts."""
+def _shutdown_on_signals(shutdown: asyncio.Event, starting: list[bool]) -> Iterator[None]:
+    """SIGTERM/SIGINT stop the run cleanly at any moment.
+
+    While ``starting[0]`` is true (settings, apps, database, broker, metrics), the
+    start-up is cancelled: nothing is claimed yet. Afterwards they ask the loop to
+    let the handlers in flight finish and stop; a second SIGINT aborts.
+    """
     loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
 
     def request(signame: str) -> None:
         if not shutdown.is_set():
-            log.warning("%s received: finishing the current batch, then stopping", signame)
+            if starting[0]:
+                log.warning("%s received during start-up: stopping", signame)
+                if task is not None:
+                    task.cancel(msg=_STOP_DURING_STARTUP)
+            else:
+                log.warning("%s received: finishing the handlers in flight, then stopping", signame)
             shutdown.set()
         loop.remove_signal_handler(signal.SIGINT)  # a second Ctrl-C interrupts at once
 
@@ -908,6 +923,9 @@ def _shutdown_on_signals(shutdown: asyncio.Event) -> Iterator[None]:
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+
+
+_STOP_DURING_STARTUP = "outbox-tui: stop during start-up"
 
 
 def _run_details(
@@ -928,12 +946,36 @@ def _run_details(
 
 
 async def cmd_dispatch(inv: Invocation) -> int:
+    """Signals are handled from the first moment (see ``_shutdown_on_signals``)."""
+    shutdown, starting = asyncio.Event(), [True]
+    instance_id = _instance_id(inv)
+    reporter = RunReporter(inv.out)
+    with _shutdown_on_signals(shutdown, starting):
+        try:
+            summary = await _dispatch(inv, instance_id, reporter, shutdown, starting)
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if _STOP_DURING_STARTUP not in exc.args or task is None:
+                raise
+            task.uncancel()
+            from engine.runner import RunSummary
+
+            summary = RunSummary(shutdown_requested=True)
+    reporter.finished(summary.as_dict(), instance_id)
+    return EXIT_OK
+
+
+async def _dispatch(
+    inv: Invocation,
+    instance_id: str,
+    reporter: RunReporter,
+    shutdown: asyncio.Event,
+    starting: list[bool],
+) -> Any:
     from engine.runner import build_dispatcher, run_dispatcher
 
     settings = _load_settings(inv)
     registry = _load_apps(inv)
-    instance_id = _instance_id(inv)
-    reporter = RunReporter(inv.out)
     async with (
         open_database(inv.database_url, need_schema=True) as engine,
         _external_publisher(inv) as publisher,
@@ -948,26 +990,23 @@ async def cmd_dispatch(inv: Invocation) -> int:
                 external_publisher=publisher,
                 metrics=metrics,
             )
-            shutdown = asyncio.Event()
-            with _shutdown_on_signals(shutdown):
-                port = server.server_port if server is not None else None
-                reporter.started(_run_details(inv, instance_id, settings, port))
-                try:
-                    summary = await run_dispatcher(
-                        dispatcher,
-                        settings=settings.dispatcher,
-                        shutdown=shutdown,
-                        max_iterations=inv.opt("max_iterations"),
-                        instance_id=instance_id,
-                        on_iteration=lambda s, r: reporter.iteration(s.as_dict(), r.as_dict()),
-                    )
-                finally:
-                    reporter.stop()
+            port = server.server_port if server is not None else None
+            reporter.started(_run_details(inv, instance_id, settings, port))
+            starting[0] = False  # from here on a signal lets the loop finish its round
+            try:
+                return await run_dispatcher(
+                    dispatcher,
+                    settings=settings.dispatcher,
+                    shutdown=shutdown,
+                    max_iterations=inv.opt("max_iterations"),
+                    instance_id=instance_id,
+                    on_iteration=lambda s, r: reporter.iteration(s.as_dict(), r.as_dict()),
+                )
+            finally:
+                reporter.stop()
         finally:
             if server is not None:
                 server.shutdown()
-    reporter.finished(summary.as_dict(), instance_id)
-    return EXIT_OK
 
 
 # -- the console -----------------------------------------------------------------------
