@@ -16,7 +16,7 @@ KEYS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
         (
             ("e", "events: every event, newest first"),
             ("d", "dead letters: events that need an operator"),
-            ("b", "blocked keys: ordering keys held back by a failed or dead-lettered head"),
+            ("b", "blocked keys: ordering keys held back by a failed or dead head"),
             ("w", "the undelivered events of the highlighted ordering key"),
             ("enter", "open the detail of the highlighted event (follows the cursor)"),
             ("escape", "close the detail"),
@@ -29,7 +29,7 @@ KEYS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     (
         "Filter",
         (
-            ("/", "filter by status, event type, tenant, aggregate id and ordering key"),
+            ("/", "filter by status, event type, tenant, aggregate id, ordering key"),
             ("ctrl+l", "in the filter dialog: clear every field"),
         ),
     ),
@@ -38,7 +38,7 @@ KEYS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
         (
             ("r", "replay the highlighted dead letter (asks first)"),
             ("R", "replay every dead letter matching the filter (asks first)"),
-            ("k", "skip the highlighted dead letter: its key's waiting events go on (asks first)"),
+            ("k", "skip the highlighted dead letter: its key goes on (asks first)"),
             ("s", "start or stop the in-process dispatcher (stop asks first)"),
             ("y / n", "in a confirmation: proceed / cancel (escape cancels too)"),
         ),

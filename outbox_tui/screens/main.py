@@ -112,7 +112,7 @@ class ViewState:
 
     def describe(self) -> str:
         if self.mode == BLOCKED:
-            return "keys held back by a failed or dead-lettered head"
+            return "held back by a failed or dead-lettered head"
         if self.mode == DEAD_LETTERS:
             rest = replace(self.filter, statuses=())
             return "all dead letters" if rest == EventFilter() else rest.describe()
@@ -179,7 +179,8 @@ class MainScreen(Screen[None]):
         Binding("right_square_bracket", "older_page", "Older", id="older"),
         Binding("left_square_bracket", "newer_page", "Newer", id="newer"),
         Binding("home", "first_page", "Newest", show=False),
-        Binding("escape", "close_detail", "Close detail", id="close-detail"),
+        # Shown on the detail pane's border instead: the footer is full.
+        Binding("escape", "close_detail", "Close detail", id="close-detail", show=False),
         Binding("ctrl+r", "refresh_now", "Refresh", show=False),
     ]
 
@@ -908,19 +909,19 @@ class MainScreen(Screen[None]):
         target = self._target() if action in _ON_TARGET else None
         if action == "replay_one":
             return True if target is not None and target.status == DEAD_LETTER else None
-        if action == "skip_dead_letter":
+        if action == "skip_dead_letter":  # shown only where it applies: the footer is full
             keyed = target is not None and target.ordering_key is not None
-            return True if keyed and target.status == DEAD_LETTER else None
+            return keyed and target is not None and target.status == DEAD_LETTER
         if action == "show_key_events":
             return True if target is not None and target.ordering_key is not None else None
         if action == "close_detail":
             return self.detail_open
-        if action in ("filter", "replay_matching"):
-            return True if self.mode != BLOCKED else None
-        if action == "older_page":
-            return True if self.view.has_more else None
+        if self.mode == BLOCKED and action in _NOT_FOR_KEYS:
+            return False  # not offered (nor shown) in the blocked-keys view
+        if action == "older_page":  # paging keys show while there is somewhere to go
+            return self.view.has_more
         if action == "newer_page":
-            return True if self.view.page_number > 1 else None
+            return self.view.page_number > 1
         return True
 
     def _target(self) -> Target | None:
@@ -936,3 +937,5 @@ class MainScreen(Screen[None]):
 
 
 _ON_TARGET = ("replay_one", "skip_dead_letter", "show_key_events")
+# The blocked-keys view has no filter and no pages (it lists the oldest heads).
+_NOT_FOR_KEYS = ("filter", "replay_matching", "older_page", "newer_page")

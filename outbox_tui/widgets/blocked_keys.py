@@ -22,8 +22,8 @@ BLOCKED_COLUMNS = (
     ("key", "ordering key"),
     ("waiting", "waiting"),
     ("status", "head status"),
-    ("type", "head type"),
     ("age", "head age"),
+    ("type", "head type"),
     ("head", "head id"),
     ("error", "head error"),
 )
@@ -85,8 +85,8 @@ class BlockedKeysTable(DataTable[Text | str]):
             one_line(k.ordering_key, 48),
             waiting,
             status_text(k.head_status),
-            k.head_event_type,
             duration(k.head_age_seconds),
+            k.head_event_type,
             Text(short_id(k.head_id), style=MUTED_STYLE),
             Text(one_line(k.head_error, 50), style=MUTED_STYLE),
         ]

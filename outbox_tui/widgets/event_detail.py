@@ -263,7 +263,7 @@ class EventDetailPane(VerticalScroll):
         self.event_id: str | None = None
         self.detail: EventDetail | None = None  # what is shown, for tests and screenshots
         self.waiting: int | None = None
-        self.border_title = "Event detail"
+        self.border_title = "Event detail · esc closes"
 
     def compose(self):  # type: ignore[no-untyped-def]
         yield Static(Text("Loading…", style=MUTED_STYLE), id="detail-body")

@@ -210,7 +210,7 @@ async def test_k_cancelled_changes_nothing_and_is_off_for_a_failed_head(
         assert any("Skip cancelled" in n for n in notes(app))
 
         await move_to(pilot, table, failed)  # a retry will release it: nothing to skip
-        assert app.main.check_action("skip_dead_letter", ()) is None
+        assert app.main.check_action("skip_dead_letter", ()) is False  # not in the footer
         await pilot.press("k")
         await pilot.pause(0.2)
         assert app.screen is app.main
@@ -231,6 +231,7 @@ async def test_help_and_palette_offer_the_new_keys(ordered_url, orders_registry)
         out.print(keys_table())
         keys = out.export_text()
         assert "blocked keys" in keys and "skip the highlighted dead letter" in keys
+        assert "ordering key" in keys
         await pilot.press("escape", "ctrl+p")
         await until(pilot, lambda: app.screen is not app.main, "the palette")
         await pilot.press(*"blocked")
