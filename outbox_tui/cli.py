@@ -50,6 +50,7 @@ from engine.schema import DEAD_LETTER
 from outbox_tui import __version__, output
 from outbox_tui.apps import InstalledAppError, delivery_problem, load_registry
 from outbox_tui.output import Output, ReplayReport, RunReporter, SkipReport
+from outbox_tui.sqlite_workers import settle_sqlite_workers
 
 PROG = "outbox-tui"
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -686,6 +687,7 @@ async def open_database(database_url: str, *, need_schema: bool) -> AsyncIterato
     finally:
         with contextlib.suppress(Exception):
             await engine.dispose()
+        await settle_sqlite_workers()
 
 
 # -- init-db ---------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from engine.errors import (
 from outbox_tui.app import ConsoleConfig, OutboxConsole, console_engine, make_app
 from outbox_tui.apps import load_registry
 from outbox_tui.demo import DEMO_APPS, DEMO_DATABASE_URL, DemoTraffic, prepare_demo_database
+from outbox_tui.sqlite_workers import settle_sqlite_workers
 
 PROG = "outbox-tui"
 PREFLIGHT_TIMEOUT_SECONDS = 20.0
@@ -85,6 +86,7 @@ async def preflight(database_url: str) -> None:
         ) from None
     finally:
         await engine.dispose()
+        await settle_sqlite_workers()
 
 
 def prepare_console(
