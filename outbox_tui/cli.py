@@ -41,14 +41,16 @@ from engine.errors import (
     EventNotFoundError,
     OutboxError,
     SchemaMissingError,
+    SchemaOutdatedError,
 )
 from engine.insights import EventFilter, OutboxInsights
 from engine.registry import EventRegistry
-from engine.replay import default_operator, replay_dead_letter
+from engine.replay import default_operator, replay_dead_letter, skip_dead_letter
 from engine.schema import DEAD_LETTER
 from outbox_tui import __version__, output
 from outbox_tui.apps import InstalledAppError, delivery_problem, load_registry
-from outbox_tui.output import Output, ReplayReport, RunReporter
+from outbox_tui.output import Output, ReplayReport, RunReporter, SkipReport
+from outbox_tui.sqlite_workers import settle_sqlite_workers
 
 PROG = "outbox-tui"
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -260,6 +262,21 @@ def _add_dispatch(parser: argparse.ArgumentParser, *, loop: bool) -> None:
         help="events claimed per round (default 100)",
     )
     group.add_argument(
+        "--max-concurrency",
+        metavar="N",
+        type=int,
+        default=argparse.SUPPRESS,
+        help="events of a batch delivered at once (default 200)",
+    )
+    group.add_argument(
+        "--handler-timeout-seconds",
+        metavar="S",
+        type=float,
+        default=argparse.SUPPRESS,
+        help="how long one handler may run before it counts as a transient failure "
+        "(default 10; below --lease-seconds)",
+    )
+    group.add_argument(
         "--lease-seconds",
         metavar="S",
         type=float,
@@ -324,6 +341,8 @@ MODE_OPTIONS: dict[str, tuple[str, ...]] = {
     "amqp_url": ("console", "dispatch", "dispatch-once"),
     "exchange": ("console", "dispatch", "dispatch-once"),
     "batch_size": ("dispatch", "dispatch-once"),
+    "max_concurrency": ("dispatch", "dispatch-once"),
+    "handler_timeout_seconds": ("dispatch", "dispatch-once"),
     "lease_seconds": ("dispatch", "dispatch-once"),
     "max_attempts": ("dispatch", "dispatch-once"),
     "lock": ("dispatch", "dispatch-once"),
@@ -349,6 +368,7 @@ def build_parser() -> Parser:
             f"{PROG} stats --json",
             f"{PROG} dead-letter list --tenant acme",
             f"{PROG} dead-letter replay --all --event-type orders.placed --dry-run",
+            f"{PROG} dead-letter skip --event-id 0190... --yes --reason 'handled by hand'",
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -407,10 +427,12 @@ def _build_dead_letter(sub: Any) -> None:
     p = _subparser(
         sub,
         "dead-letter",
-        "list or replay dead-letter events",
-        "Inspect and replay events that exhausted their attempts or failed permanently.",
+        "list, replay or skip dead-letter events",
+        "Inspect and replay events that exhausted their attempts or failed permanently, "
+        "or skip the ones that hold back their ordering key.",
         f"{PROG} dead-letter list --json",
         f"{PROG} dead-letter replay --event-id 0190... --yes --reason 'fixed the bug'",
+        f"{PROG} dead-letter skip --event-id 0190... --yes --reason 'handled by hand'",
     )
     inner = p.add_subparsers(dest="dead_letter_command", metavar="ACTION", parser_class=Parser)
     inner.required = True
@@ -471,6 +493,43 @@ def _build_dead_letter(sub: Any) -> None:
         "--operator", metavar="NAME", help="who (stored in the audit log; default: the OS user)"
     )
     _add_json(rep, "print one JSON object")
+    _build_skip(inner)
+
+
+def _build_skip(inner: Any) -> None:
+    skip = _subparser(
+        inner,
+        "skip",
+        "release the ordering keys dead letters hold back (audited)",
+        "A dead letter with an ordering key holds back the later events of its key. "
+        "Skipping it lets them go on without it: it stays in the dead letter (a replay "
+        "later sends it to the back of its key). Prints how many waiting events each skip "
+        "releases. Every skip is recorded in outbox_replay_log with operator and reason. "
+        "Ids that are not dead letters, have no ordering key or were skipped already are "
+        "refused one by one; the others are still skipped.",
+        f"{PROG} dead-letter skip --event-id ID --yes --reason 'refund handled by hand'",
+        f"{PROG} dead-letter skip --event-id ID1 --event-id ID2 --dry-run --json",
+    )
+    _add_common(skip, apps_dest="installed_apps_sub")
+    skip.add_argument(
+        "--event-id",
+        metavar="ID",
+        action="append",
+        dest="event_ids",
+        required=True,
+        help="a dead letter whose key to release; repeatable",
+    )
+    skip.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="only report what would be skipped and released; change nothing",
+    )
+    skip.add_argument("--yes", action="store_true", help="confirm the skip (required)")
+    skip.add_argument("--reason", metavar="TEXT", help="why (stored in the audit log)")
+    skip.add_argument(
+        "--operator", metavar="NAME", help="who (stored in the audit log; default: the OS user)"
+    )
+    _add_json(skip, "print one JSON object")
 
 
 def _add_filters(parser: argparse.ArgumentParser) -> None:
@@ -504,8 +563,9 @@ def _build_init_db(sub: Any) -> None:
     p = _subparser(
         sub,
         "init-db",
-        "create the outbox tables (idempotent)",
-        "Create the outbox tables and indexes if they do not exist. Safe to run again.",
+        "create or upgrade the outbox tables (idempotent)",
+        "Create the outbox tables and indexes if they do not exist, or upgrade tables an "
+        "earlier version made in place (new columns, indexes). Safe to run again.",
         f"{PROG} init-db",
         f"{PROG} init-db --database-url postgresql+asyncpg://app:secret@db/app --json",
     )
@@ -627,6 +687,7 @@ async def open_database(database_url: str, *, need_schema: bool) -> AsyncIterato
     finally:
         with contextlib.suppress(Exception):
             await engine.dispose()
+        await settle_sqlite_workers()
 
 
 # -- init-db ---------------------------------------------------------------------------
@@ -636,14 +697,22 @@ async def cmd_init_db(inv: Invocation) -> int:
     async with open_database(inv.database_url, need_schema=False) as engine:
         try:
             await check_schema(engine)
-            existed = True
+            before = "present"
         except SchemaMissingError:
-            existed = False
-        await create_schema(engine)
-    record = {"database_url": inv.masked_url, "schema": "present" if existed else "created"}
+            before = "created"
+        except SchemaOutdatedError:
+            before = "upgraded"
+        steps = await create_schema(engine)
+    # Steps on a database that looked current (an index it lacked) are an upgrade too.
+    schema = "upgraded" if steps else before
+    record = {"database_url": inv.masked_url, "schema": schema, "upgrade_steps": list(steps)}
     if inv.json:
         inv.out.json(record)
-    elif existed:
+    elif schema == "upgraded":
+        inv.out.say(f"upgraded the outbox schema at {inv.masked_url} in place:")
+        for step in steps:
+            inv.out.say(f"  {step}")
+    elif schema == "present":
         inv.out.say(f"the outbox schema is already present at {inv.masked_url} (checked)")
     else:
         inv.out.say(f"created the outbox schema at {inv.masked_url}")
@@ -804,6 +873,76 @@ def _print_replay(inv: Invocation, report: ReplayReport) -> None:
         inv.out.say(line)
 
 
+async def cmd_dead_letter_skip(inv: Invocation) -> int:
+    args = inv.args
+    if not args.dry_run and not args.yes:
+        raise UsageError(
+            "refusing to skip without confirmation: add --yes (or --dry-run to only check)"
+        )
+    report = SkipReport(
+        dry_run=args.dry_run, operator=args.operator or default_operator(), reason=args.reason
+    )
+    async with open_database(inv.database_url, need_schema=True) as engine:
+        insights = OutboxInsights(engine)
+        candidates = await _check_skips(insights, args.event_ids, report)
+        report.matched = len(candidates)
+        if candidates and not args.dry_run:
+            async with storage_errors(engine.url):
+                result = await skip_dead_letter(
+                    engine,
+                    candidates,
+                    operator=report.operator,
+                    reason=report.reason,
+                    strict=False,
+                )
+            report.skipped = list(result.skipped)
+            report.refused.update(result.refused)
+            report.released = {i: report.released[i] for i in result.skipped}
+            report.keys = {i: report.keys[i] for i in result.skipped}
+    _print_skip(inv, report)
+    return EXIT_FAILURE if report.refused else EXIT_OK
+
+
+async def _check_skips(
+    insights: OutboxInsights, ids: Sequence[str], report: SkipReport
+) -> list[str]:
+    """The ids that can be skipped now, each with the events waiting behind it.
+
+    The engine checks again under a row lock when it skips; this look first tells
+    the operator what each skip releases (and refuses the same ids the same way).
+    """
+    candidates = []
+    for event_id in dict.fromkeys(ids):
+        try:
+            detail = await insights.event_detail(event_id)
+        except EventNotFoundError:
+            report.refused[event_id] = "no such event"
+            continue
+        columns = detail.columns
+        if columns["status"] != DEAD_LETTER:
+            report.refused[event_id] = f"status is {columns['status']}, not dead_letter"
+        elif columns.get("ordering_key") is None:
+            report.refused[event_id] = "it has no ordering key: nothing waits behind it"
+        elif columns.get("skipped_at") is not None:
+            report.refused[event_id] = "it was skipped already"
+        else:
+            report.keys[event_id] = str(columns["ordering_key"])
+            report.released[event_id] = await insights.waiting_behind(event_id)
+            candidates.append(event_id)
+    return candidates
+
+
+def _print_skip(inv: Invocation, report: SkipReport) -> None:
+    for event_id, why in report.refused.items():
+        verb = "would refuse" if report.dry_run else "cannot skip"
+        inv.out.error(f"{verb} {event_id}: {why}")
+    if inv.json:
+        inv.out.json(report.as_dict())
+        return
+    for line in output.skip_text(report):
+        inv.out.say(line)
+
+
 # -- dispatching -----------------------------------------------------------------------
 
 
@@ -812,7 +951,14 @@ def _load_settings(inv: Invocation) -> Any:
 
     overrides = {
         name: inv.opt(name)
-        for name in ("batch_size", "lease_seconds", "max_attempts", "idle_sleep_seconds")
+        for name in (
+            "batch_size",
+            "max_concurrency",
+            "handler_timeout_seconds",
+            "lease_seconds",
+            "max_attempts",
+            "idle_sleep_seconds",
+        )
     }
     if inv.opt("lock"):
         overrides["use_lock"] = True
@@ -1039,6 +1185,7 @@ ASYNC_COMMANDS = {
     "dispatch": cmd_dispatch,
     "dead-letter list": cmd_dead_letter_list,
     "dead-letter replay": cmd_dead_letter_replay,
+    "dead-letter skip": cmd_dead_letter_skip,
 }
 
 

@@ -24,10 +24,16 @@ from engine.database import (
     mask_url,
     parse_database_url,
 )
-from engine.errors import DatabaseUnavailableError, OutboxError, SchemaMissingError
+from engine.errors import (
+    DatabaseUnavailableError,
+    OutboxError,
+    SchemaMissingError,
+    SchemaOutdatedError,
+)
 from outbox_tui.app import ConsoleConfig, OutboxConsole, console_engine, make_app
 from outbox_tui.apps import load_registry
 from outbox_tui.demo import DEMO_APPS, DEMO_DATABASE_URL, DemoTraffic, prepare_demo_database
+from outbox_tui.sqlite_workers import settle_sqlite_workers
 
 PROG = "outbox-tui"
 PREFLIGHT_TIMEOUT_SECONDS = 20.0
@@ -78,12 +84,18 @@ async def preflight(database_url: str) -> None:
             f"the outbox tables are missing in {masked}; create them with "
             f"`{PROG} init-db --database-url {masked}`"
         ) from None
+    except SchemaOutdatedError:
+        raise StartupError(
+            f"the outbox tables in {masked} are from an earlier version; upgrade them in "
+            f"place with `{PROG} init-db --database-url {masked}`"
+        ) from None
     except DatabaseUnavailableError as exc:
         raise StartupError(
             f"{exc}; check that the database is running and the URL is right"
         ) from None
     finally:
         await engine.dispose()
+        await settle_sqlite_workers()
 
 
 def prepare_console(

@@ -3,8 +3,11 @@
 The demo database (``./outbox-demo.db`` unless another URL is given) gets the
 outbox schema and the example orders app's table, and a head start of orders
 when it is empty. While the console runs, ``DemoTraffic`` places a few orders a
-second and the console's own dispatcher delivers them to the example handlers,
-some of which fail transiently (retries) and some permanently (dead letters).
+second (cancelling every fourth) and the console's own dispatcher delivers them
+to the example handlers, some of which fail transiently (retries) and some
+permanently (dead letters). The example orders each order's events, so a
+dead-lettered ``orders.placed`` with a cancellation behind it shows up as a
+blocked key within seconds (the generator's seeds make sure of it).
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ from outbox_tui.examples.orders.traffic import generate_orders, trickle
 DEMO_DATABASE_URL = "sqlite+aiosqlite:///./outbox-demo.db"
 DEMO_APPS = ("outbox_tui.examples.orders",)
 HEAD_START_ORDERS = 40
+# Every n-th order of the live traffic is cancelled at once: with the seeds below, the
+# fourth order (over the credit limit) is cancelled, so its key blocks in the first seconds.
+CANCEL_EVERY = 4
 
 log = logging.getLogger("outbox_tui.demo")
 
@@ -45,11 +51,17 @@ class DemoTraffic:
     """Places orders at a steady rate in the background until stopped."""
 
     def __init__(
-        self, database_url: str, registry: EventRegistry, *, per_second: float = 2.0
+        self,
+        database_url: str,
+        registry: EventRegistry,
+        *,
+        per_second: float = 2.0,
+        cancel_every: int = CANCEL_EVERY,
     ) -> None:
         self.database_url = database_url
         self.registry = registry
         self.per_second = per_second
+        self.cancel_every = cancel_every
         self.placed = 0
         self._engine: AsyncEngine | None = None
         self._stop = asyncio.Event()
@@ -67,7 +79,12 @@ class DemoTraffic:
         while not self._stop.is_set():
             try:
                 self.placed += await trickle(
-                    engine, self.registry, self._stop, per_second=self.per_second, seed=seed
+                    engine,
+                    self.registry,
+                    self._stop,
+                    per_second=self.per_second,
+                    seed=seed,
+                    cancel_every=self.cancel_every,
                 )
             except Exception as exc:  # the database went away or is busy: wait, carry on
                 log.warning("demo traffic paused: %s", exc)

@@ -7,17 +7,29 @@ updates the widgets on the UI side.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from textual.message import Message
 
-from engine.insights import EventDetail, EventFilter, EventPage, OverviewSnapshot
+from engine.insights import BlockedKey, EventDetail, EventFilter, EventPage, OverviewSnapshot
+
+
+@dataclass(frozen=True, slots=True)
+class BlockedPage:
+    """What the blocked-keys view shows: the keys held back by their head, oldest first."""
+
+    keys: Sequence[BlockedKey]
+
+
+# One view's rows: a page of events, or the blocked keys.
+ViewPage = EventPage | BlockedPage
 
 
 class PollSucceeded(Message):
     """One refresh answered: the overview and the page the current view shows."""
 
-    def __init__(self, snapshot: OverviewSnapshot, page: EventPage, generation: int) -> None:
+    def __init__(self, snapshot: OverviewSnapshot, page: ViewPage, generation: int) -> None:
         super().__init__()
         self.snapshot = snapshot
         self.page = page
@@ -27,7 +39,7 @@ class PollSucceeded(Message):
 class PageLoaded(Message):
     """A page of events for a view that just changed (filter, view, paging)."""
 
-    def __init__(self, page: EventPage, generation: int) -> None:
+    def __init__(self, page: ViewPage, generation: int) -> None:
         super().__init__()
         self.page = page
         self.generation = generation
@@ -42,13 +54,24 @@ class PollFailed(Message):
 
 
 class DetailLoaded(Message):
-    """The detail of one event (or why it could not be read)."""
+    """The detail of one event (or why it could not be read).
 
-    def __init__(self, event_id: str, detail: EventDetail | None, error: str | None) -> None:
+    ``waiting`` counts the events of its ordering key behind it when it can hold the key
+    back (a failed or dead-lettered event with a key); None otherwise.
+    """
+
+    def __init__(
+        self,
+        event_id: str,
+        detail: EventDetail | None,
+        error: str | None,
+        waiting: int | None = None,
+    ) -> None:
         super().__init__()
         self.event_id = event_id
         self.detail = detail
         self.error = error
+        self.waiting = waiting
 
 
 class ReplayPrepared(Message):
@@ -70,6 +93,37 @@ class ReplayFinished(Message):
     def __init__(self, replayed: int, refused: Mapping[str, str], error: str | None = None) -> None:
         super().__init__()
         self.replayed = replayed
+        self.refused = refused
+        self.error = error
+
+
+class SkipPrepared(Message):
+    """A dead letter the operator may skip, and what skipping it would release."""
+
+    def __init__(self, event_id: str, kind: str, ordering_key: str, waiting: int) -> None:
+        super().__init__()
+        self.event_id = event_id
+        self.kind = kind  # "orders.placed v1"
+        self.ordering_key = ordering_key
+        self.waiting = waiting  # events of the key behind it when the dialog opened
+
+
+class SkipFinished(Message):
+    """A confirmed skip ran: whether the key was released, or why not."""
+
+    def __init__(
+        self,
+        event_id: str,
+        ordering_key: str,
+        waiting: int,
+        *,
+        refused: str | None = None,
+        error: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.event_id = event_id
+        self.ordering_key = ordering_key
+        self.waiting = waiting
         self.refused = refused
         self.error = error
 

@@ -82,6 +82,7 @@ def dead_letter_record(event: EventSummary) -> dict[str, Any]:
         "dead_letter_reason": event.dead_letter_reason,
         "created_at": iso(event.created_at),
         "replay_count": event.replay_count,
+        "ordering_key": event.ordering_key,
     }
 
 
@@ -115,6 +116,9 @@ def stats_record(snapshot: OverviewSnapshot, database_url: str) -> dict[str, Any
         "recent_window_seconds": snapshot.recent_window_seconds,
         "awaiting_purge": snapshot.awaiting_purge,
         "retention_seconds": snapshot.retention_seconds,
+        "blocked_keys": snapshot.blocked_keys,
+        "oldest_blocked_head_at": iso(snapshot.oldest_blocked_head_at),
+        "oldest_blocked_head_age_seconds": seconds(snapshot.oldest_blocked_head_age_seconds),
         "heartbeats": [heartbeat_record(hb) for hb in snapshot.heartbeats],
     }
 
@@ -137,6 +141,32 @@ class ReplayReport:
             "matched": self.matched,
             "by_type": dict(self.by_type),
             "replayed": list(self.replayed),
+            "refused": dict(self.refused),
+            "operator": self.operator,
+            "reason": self.reason,
+        }
+
+
+@dataclass(slots=True)
+class SkipReport:
+    """What a skip did (or, for a dry run, would do), and what each skip releases."""
+
+    dry_run: bool
+    operator: str
+    reason: str | None
+    matched: int = 0
+    skipped: list[str] = field(default_factory=list)
+    released: dict[str, int] = field(default_factory=dict)
+    keys: dict[str, str] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "dry_run": self.dry_run,
+            "matched": self.matched,
+            "skipped": list(self.skipped),
+            "released": dict(self.released),
+            "ordering_keys": dict(self.keys),
             "refused": dict(self.refused),
             "operator": self.operator,
             "reason": self.reason,
@@ -271,6 +301,10 @@ def stats_tables(snapshot: OverviewSnapshot, database_url: str) -> list[Table | 
         "awaiting retention purge",
         "- (give --retention-seconds)" if purge is None else str(purge),
     )
+    overview.add_row(
+        "blocked ordering keys (failed or dead-letter head)", str(record["blocked_keys"])
+    )
+    overview.add_row("oldest blocked head age", age(record["oldest_blocked_head_age_seconds"]))
     tables: list[Table | Text] = [overview]
     if not record["heartbeats"]:
         tables.append(Text("no dispatcher heartbeats yet (none has run against this database)"))
@@ -308,6 +342,31 @@ def replay_text(report: ReplayReport) -> list[str]:
     lines.append(
         f"{len(report.replayed)} replayed, {len(report.refused)} refused "
         f"(operator {report.operator}" + (f", reason {report.reason!r})" if report.reason else ")")
+    )
+    return lines
+
+
+def _waiting(n: int) -> str:
+    return f"{n} waiting event{'' if n == 1 else 's'}"
+
+
+def skip_text(report: SkipReport) -> list[str]:
+    if report.dry_run:
+        lines = [f"dry run: {report.matched} dead letter(s) would be skipped (nothing changed)"]
+        lines += [
+            f"  would skip {i}: releases {_waiting(n)} of key {report.keys.get(i)}"
+            for i, n in report.released.items()
+        ]
+        return lines
+    lines = [
+        f"skipped {i}: released {_waiting(report.released.get(i, 0))} of key {report.keys.get(i)}"
+        for i in report.skipped
+    ]
+    released = sum(report.released.get(i, 0) for i in report.skipped)
+    lines.append(
+        f"{len(report.skipped)} skipped ({_waiting(released)} released), "
+        f"{len(report.refused)} refused (operator {report.operator}"
+        + (f", reason {report.reason!r})" if report.reason else ")")
     )
     return lines
 

@@ -3,7 +3,8 @@
 The real app from ``make_app`` runs headless on the deterministic showcase
 database (example orders from a fixed seed, a fixed clock) and goes through the
 same scenes as the snapshot tests: overview, events with detail, dead letters,
-the replay confirmation and help. Each scene gets a fresh copy of the database.
+the replay confirmation, blocked keys, a blocked head's detail, the skip
+confirmation and help. Each scene gets a fresh copy of the database.
 
     .venv/bin/python scripts/screenshots.py [--out DIR] [--size 160x45]
 """
@@ -35,6 +36,9 @@ NAMES = {
     "events-detail": "events-with-detail.svg",
     "dead-letters": "dead-letters.svg",
     "confirm-replay": "confirm-replay.svg",
+    "blocked-keys": "blocked-keys.svg",
+    "blocked-head-detail": "blocked-head-detail.svg",
+    "confirm-skip": "confirm-skip.svg",
     "help": "help.svg",
 }
 

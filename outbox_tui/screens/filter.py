@@ -1,4 +1,4 @@
-"""``/``: narrow the event list by status, event type, tenant and aggregate id."""
+"""``/``: narrow the event list by status, event type, tenant, aggregate id and ordering key."""
 
 from __future__ import annotations
 
@@ -49,12 +49,14 @@ class FilterModal(ModalScreen[EventFilter | None]):
         dead_letters_only: bool,
         event_types: Sequence[str] = (),
         tenants: Sequence[str] = (),
+        ordering_keys: Sequence[str] = (),
     ) -> None:
         super().__init__(classes="dialog-screen")
         self.current = current
         self.dead_letters_only = dead_letters_only
         self.event_types = sorted(set(event_types))
         self.tenants = sorted(set(tenants))
+        self.ordering_keys = sorted(set(ordering_keys))
 
     def compose(self) -> ComposeResult:
         flt = self.current
@@ -87,6 +89,14 @@ class FilterModal(ModalScreen[EventFilter | None]):
             )
             yield Label("Aggregate id", classes="field-label")
             yield Input(value=flt.aggregate_id or "", placeholder="any", id="filter-aggregate")
+            yield Label("Ordering key (shows the key's undelivered events)", classes="field-label")
+            yield Input(
+                value=flt.ordering_key or "",
+                placeholder="any, e.g. "
+                + (self.ordering_keys[0] if self.ordering_keys else "order:<order id>"),
+                suggester=SuggestFromList(self.ordering_keys, case_sensitive=True),
+                id="filter-key",
+            )
             yield Static("", id="filter-error")
             with Horizontal(classes="dialog-buttons"):
                 yield Button(Content("Apply  [enter]"), id="apply", variant="primary")
@@ -117,11 +127,12 @@ class FilterModal(ModalScreen[EventFilter | None]):
                 event_type=self._value("#filter-type"),
                 tenant_id=self._value("#filter-tenant"),
                 aggregate_id=self._value("#filter-aggregate"),
+                ordering_key=self._value("#filter-key"),
             )
         )
 
     def action_clear(self) -> None:
-        for field in ("#filter-type", "#filter-tenant", "#filter-aggregate"):
+        for field in ("#filter-type", "#filter-tenant", "#filter-aggregate", "#filter-key"):
             self.query_one(field, Input).value = ""
         if not self.dead_letters_only:
             self.query_one("#filter-status", Input).value = ""

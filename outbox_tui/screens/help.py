@@ -16,6 +16,8 @@ KEYS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
         (
             ("e", "events: every event, newest first"),
             ("d", "dead letters: events that need an operator"),
+            ("b", "blocked keys: ordering keys held back by a failed or dead head"),
+            ("w", "the undelivered events of the highlighted ordering key"),
             ("enter", "open the detail of the highlighted event (follows the cursor)"),
             ("escape", "close the detail"),
             ("tab", "move between the table and the detail (to scroll it)"),
@@ -27,7 +29,7 @@ KEYS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     (
         "Filter",
         (
-            ("/", "filter by status, event type, tenant and aggregate id"),
+            ("/", "filter by status, event type, tenant, aggregate id, ordering key"),
             ("ctrl+l", "in the filter dialog: clear every field"),
         ),
     ),
@@ -36,6 +38,7 @@ KEYS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
         (
             ("r", "replay the highlighted dead letter (asks first)"),
             ("R", "replay every dead letter matching the filter (asks first)"),
+            ("k", "skip the highlighted dead letter: its key goes on (asks first)"),
             ("s", "start or stop the in-process dispatcher (stop asks first)"),
             ("y / n", "in a confirmation: proceed / cancel (escape cancels too)"),
         ),
@@ -84,7 +87,7 @@ class HelpScreen(ModalScreen[None]):
             yield Static(
                 Text(
                     "Rows change status on the next refresh. The console only reads, except "
-                    "for replays and its own dispatcher.",
+                    "for replays, skips and its own dispatcher.",
                     style="#8a8a8a",
                 ),
                 id="help-footnote",

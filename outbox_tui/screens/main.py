@@ -30,12 +30,13 @@ from textual.widgets import DataTable, Footer, Static
 from textual.worker import Worker, WorkerState
 
 from engine.errors import OutboxError
-from engine.insights import EventFilter, EventPage, EventSummary, OverviewSnapshot
-from engine.replay import replay_dead_letter
+from engine.insights import BlockedKey, EventFilter, EventPage, EventSummary, OverviewSnapshot
+from engine.replay import replay_dead_letter, skip_dead_letter
 from engine.schema import DEAD_LETTER, PUBLISHED
 from outbox_tui.dispatch_control import DispatchExit, describe_summary
 from outbox_tui.messages import (
     ActionFailed,
+    BlockedPage,
     DetailLoaded,
     DispatchChanged,
     PageLoaded,
@@ -43,10 +44,14 @@ from outbox_tui.messages import (
     PollSucceeded,
     ReplayFinished,
     ReplayPrepared,
+    SkipFinished,
+    SkipPrepared,
+    ViewPage,
 )
 from outbox_tui.screens.confirm import Confirmation, ConfirmModal
 from outbox_tui.screens.filter import FilterModal
 from outbox_tui.screens.palette import ConsoleCommands
+from outbox_tui.widgets.blocked_keys import BlockedKeysTable
 from outbox_tui.widgets.dispatchers import DispatchersPanel
 from outbox_tui.widgets.event_detail import EventDetailPane
 from outbox_tui.widgets.event_table import EventTable
@@ -57,9 +62,29 @@ from outbox_tui.widgets.status_bar import StatusBar
 if TYPE_CHECKING:
     from outbox_tui.app import OutboxConsole
 
-EVENTS, DEAD_LETTERS = "events", "dead_letters"
+EVENTS, DEAD_LETTERS, BLOCKED = "events", "dead_letters", "blocked_keys"
 REPLAY_CHUNK = 500
 THROUGHPUT_POINTS = 60
+FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """The event an action applies to: the highlighted event, or the highlighted key's head."""
+
+    id: str
+    status: str
+    kind: str  # "orders.placed v1" (the blocked-keys view knows no version: the type alone)
+    ordering_key: str | None
+
+    @classmethod
+    def of_event(cls, event: EventSummary) -> Target:
+        kind = f"{event.event_type} v{event.event_version}"
+        return cls(event.id, event.status, kind, event.ordering_key)
+
+    @classmethod
+    def of_key(cls, key: BlockedKey) -> Target:
+        return cls(key.head_id, key.head_status, key.head_event_type, key.ordering_key)
 
 
 @dataclass(slots=True)
@@ -86,10 +111,37 @@ class ViewState:
         return self.filter
 
     def describe(self) -> str:
+        if self.mode == BLOCKED:
+            return "held back by a failed or dead-lettered head"
         if self.mode == DEAD_LETTERS:
             rest = replace(self.filter, statuses=())
             return "all dead letters" if rest == EventFilter() else rest.describe()
         return self.filter.describe()
+
+
+def _events(n: int) -> str:
+    return f"{n:,} waiting event{'' if n == 1 else 's'}"
+
+
+def skip_body(message: SkipPrepared) -> Text:
+    """What the skip releases: the dead letter, its key, and how many events wait behind it."""
+    text = Text.assemble(
+        "Skip dead letter ",
+        (short_id(message.event_id), "bold"),
+        f" ({message.kind})?\n\n",
+        ("  ordering key  ", "#8a8a8a"),
+        (message.ordering_key, "bold"),
+        "\n",
+        ("  releases      ", "#8a8a8a"),
+        (_events(message.waiting), "bold #ffaf5f" if message.waiting else "bold"),
+        "\n",
+    )
+    text.append(
+        "\nIt stays in the dead letter; the events of its key go on without it. A replay "
+        "later sends it to the back of its key. The skip is written to the audit log.",
+        style="#8a8a8a",
+    )
+    return text
 
 
 def replay_body(total: int, by_type: Mapping[str, int], scope: str) -> Text:
@@ -116,15 +168,19 @@ class MainScreen(Screen[None]):
     BINDINGS = [  # noqa: RUF012 - Textual's declaration style
         Binding("e", "show_events", "Events", id="events"),
         Binding("d", "show_dead_letters", "Dead letters", id="dead-letters"),
+        Binding("b", "show_blocked_keys", "Blocked keys", id="blocked-keys"),
         Binding("slash", "filter", "Filter", id="filter"),
+        Binding("w", "show_key_events", "Key's events", id="key-events", show=False),
         Binding("r", "replay_one", "Replay", id="replay"),
         Binding("R", "replay_matching", "Replay all", id="replay-all"),
+        Binding("k", "skip_dead_letter", "Skip", id="skip"),
         Binding("s", "start_dispatch", "Start dispatch", id="start-dispatch"),
         Binding("s", "stop_dispatch", "Stop dispatch", id="stop-dispatch"),
         Binding("right_square_bracket", "older_page", "Older", id="older"),
         Binding("left_square_bracket", "newer_page", "Newer", id="newer"),
         Binding("home", "first_page", "Newest", show=False),
-        Binding("escape", "close_detail", "Close detail", id="close-detail"),
+        # Shown on the detail pane's border instead: the footer is full.
+        Binding("escape", "close_detail", "Close detail", id="close-detail", show=False),
         Binding("ctrl+r", "refresh_now", "Refresh", show=False),
     ]
 
@@ -135,7 +191,11 @@ class MainScreen(Screen[None]):
 
     def __init__(self) -> None:
         super().__init__(id="main")
-        self.views = {EVENTS: ViewState(EVENTS), DEAD_LETTERS: ViewState(DEAD_LETTERS)}
+        self.views = {
+            EVENTS: ViewState(EVENTS),
+            DEAD_LETTERS: ViewState(DEAD_LETTERS),
+            BLOCKED: ViewState(BLOCKED),
+        }
         self.refreshes = 0  # successful polls applied (tests wait on this)
         self.pages = 0  # pages loaded by navigation (filter, view, paging)
         self.failures = 0  # consecutive failed polls
@@ -167,6 +227,7 @@ class MainScreen(Screen[None]):
         with Horizontal(id="body"):
             with Vertical(id="list"):
                 yield EventTable(id="events")
+                yield BlockedKeysTable(id="blocked-keys")
                 yield Static("", id="empty-list")
             yield EventDetailPane(id="detail")
         yield Footer()
@@ -174,6 +235,7 @@ class MainScreen(Screen[None]):
     def on_mount(self) -> None:
         self.console_app.dispatch.on_exit = self._dispatch_exited
         self._update_titles(None)
+        self.query_one(BlockedKeysTable).display = False
         self.query_one(EventTable).focus()
         self.poll_now()
         if self.console_app.config.autostart_dispatch:
@@ -217,13 +279,7 @@ class MainScreen(Screen[None]):
         try:
             async with asyncio.timeout(timeout):
                 snapshot = await db(insights.overview())
-                page = await db(
-                    insights.events_page(
-                        view.query_filter,
-                        limit=self.console_app.config.page_size,
-                        before=view.before,
-                    )
-                )
+                page = await self._fetch(view)
         except TimeoutError:
             self.post_message(PollFailed(f"the database did not answer within {timeout:g}s"))
         except OutboxError as exc:
@@ -231,6 +287,18 @@ class MainScreen(Screen[None]):
         else:
             self.post_message(PollSucceeded(snapshot, page, generation))
         self._schedule_poll()
+
+    async def _fetch(self, view: ViewState) -> ViewPage:
+        """The rows ``view`` shows now: a page of events, or the blocked keys."""
+        console = self.console_app
+        if view.mode == BLOCKED:
+            keys = await console.db(console.insights.blocked_keys(limit=console.config.page_size))
+            return BlockedPage(tuple(keys))
+        return await console.db(
+            console.insights.events_page(
+                view.query_filter, limit=console.config.page_size, before=view.before
+            )
+        )
 
     @on(PollSucceeded)
     def _poll_succeeded(self, message: PollSucceeded) -> None:
@@ -259,30 +327,50 @@ class MainScreen(Screen[None]):
         if self.detail_open:
             self.load_detail()
 
-    def _show_page(self, page: EventPage, now: datetime) -> None:
+    def _show_page(self, page: ViewPage, now: datetime) -> None:
         view = self.view
-        view.has_more = page.has_more
-        table = self.query_one(EventTable)
-        table.show(self.mode, page.events, now, follow_head=not self.detail_open)
         empty = self.query_one("#empty-list", Static)
-        if page.events:
-            empty.display = False
+        if isinstance(page, BlockedPage):
+            view.has_more = False
+            self.query_one(BlockedKeysTable).show(page.keys)
+            empty.display = not page.keys
+            empty.update(
+                Content(
+                    "No blocked keys: no ordering key is held back by a failed or "
+                    "dead-lettered event."
+                )
+            )
         else:
-            empty.display = True
-            what = "dead letters" if self.mode == DEAD_LETTERS else "events"
-            hint = "" if view.describe().startswith("all ") else " Press / to change the filter."
-            empty.update(Content(f"No {what} match {view.describe()}.{hint}"))
+            view.has_more = page.has_more
+            table = self.query_one(EventTable)
+            table.show(self.mode, page.events, now, follow_head=not self.detail_open)
+            empty.display = not page.events
+            if not page.events:
+                what = "dead letters" if self.mode == DEAD_LETTERS else "events"
+                described = view.describe()
+                hint = "" if described.startswith("all ") else " Press / to change the filter."
+                empty.update(Content(f"No {what} match {described}.{hint}"))
         self._update_titles(page)
         self.refresh_bindings()
 
-    def _update_titles(self, page: EventPage | None) -> None:
+    def _update_titles(self, page: ViewPage | None) -> None:
         view = self.view
         box = self.query_one("#list", Vertical)
+        if self.mode == BLOCKED:
+            box.border_title = Content(f"Blocked keys · {view.describe()} · oldest head first")
+            if not isinstance(page, BlockedPage):
+                box.border_subtitle = ""
+                return
+            total = self.last_snapshot.blocked_keys if self.last_snapshot else len(page.keys)
+            shown = f"{len(page.keys)} shown" + (f" of {total:,}" if total > len(page.keys) else "")
+            hints = ["enter head detail", "w its events", "k skip", "r replay"]
+            box.border_subtitle = Content(" · ".join([shown, *hints]))
+            return
         name = "Dead letters" if self.mode == DEAD_LETTERS else "Events"
         box.border_title = Content(
             f"{name} · {view.describe()} · page {view.page_number}, newest first"
         )
-        if page is None:
+        if not isinstance(page, EventPage):
             box.border_subtitle = ""
             return
         hints = []
@@ -330,13 +418,8 @@ class MainScreen(Screen[None]):
 
     @work(exclusive=True, group="page", exit_on_error=False)
     async def _load_page(self, generation: int) -> None:
-        view, console = self.view, self.console_app
         try:
-            page = await console.db(
-                console.insights.events_page(
-                    view.query_filter, limit=console.config.page_size, before=view.before
-                )
-            )
+            page = await self._fetch(self.view)
         except OutboxError as exc:
             self.post_message(PollFailed(one_line(exc)))
         else:
@@ -356,16 +439,40 @@ class MainScreen(Screen[None]):
     def action_show_dead_letters(self) -> None:
         self._switch(DEAD_LETTERS)
 
-    def _switch(self, mode: str) -> None:
-        self.query_one(EventTable).focus()
-        if self.mode == mode:
+    def action_show_blocked_keys(self) -> None:
+        self._switch(BLOCKED)
+
+    def action_show_key_events(self) -> None:
+        """The undelivered events of the highlighted key (or event's key), in the events view."""
+        target = self._target()
+        if target is None or target.ordering_key is None:
             return
-        self.mode = mode
-        self._view_changed()
+        view = self.views[EVENTS]
+        view.filter = EventFilter(ordering_key=target.ordering_key)
+        view.cursors = [None]
+        view.has_more = False
+        if self.mode == EVENTS:
+            self._view_changed()
+        else:
+            self._switch(EVENTS)
+
+    def _switch(self, mode: str) -> None:
+        if self.mode != mode:
+            self.mode = mode
+            blocked = mode == BLOCKED
+            self.query_one(EventTable).display = not blocked
+            self.query_one(BlockedKeysTable).display = blocked
+            self._view_changed()
+        self._list_table().focus()
+
+    def _list_table(self) -> EventTable | BlockedKeysTable:
+        if self.mode == BLOCKED:
+            return self.query_one(BlockedKeysTable)
+        return self.query_one(EventTable)
 
     def action_older_page(self) -> None:
         table = self.query_one(EventTable)
-        if not self.view.has_more or table.row_count == 0:
+        if self.mode == BLOCKED or not self.view.has_more or table.row_count == 0:
             return
         last = table.coordinate_to_cell_key(Coordinate(table.row_count - 1, 0)).row_key.value
         self.view.cursors.append(last)
@@ -382,19 +489,24 @@ class MainScreen(Screen[None]):
         if self.view.page_number > 1:
             self.view.cursors = [None]
             self._view_changed()
-        self.query_one(EventTable).move_cursor(row=0)
+        self._list_table().move_cursor(row=0)
 
     def action_filter(self) -> None:
+        if self.mode == BLOCKED:
+            return
         known_types = [t for t, _v in self.console_app.registry.event_types()]
         table = self.query_one(EventTable)
         seen = [e.event_type for e in table.events]
         tenants = [e.tenant_id for e in table.events]
+        keys = [e.ordering_key for e in table.events if e.ordering_key]
+        keys += [k.ordering_key for k in self.query_one(BlockedKeysTable).blocked_keys]
         self.app.push_screen(
             FilterModal(
                 self.view.filter,
                 dead_letters_only=self.mode == DEAD_LETTERS,
                 event_types=[*known_types, *seen],
                 tenants=tenants,
+                ordering_keys=keys,
             ),
             self._filter_chosen,
         )
@@ -405,6 +517,8 @@ class MainScreen(Screen[None]):
         self.set_filter(flt)
 
     def set_filter(self, flt: EventFilter) -> None:
+        if self.mode == BLOCKED:
+            return
         view = self.view
         view.filter = replace(flt, statuses=()) if self.mode == DEAD_LETTERS else flt
         view.cursors = [None]
@@ -419,7 +533,7 @@ class MainScreen(Screen[None]):
 
     # -- detail -------------------------------------------------------------------------
 
-    @on(DataTable.RowSelected, "#events")
+    @on(DataTable.RowSelected, "#events, #blocked-keys")
     def _row_selected(self) -> None:
         self.action_open_detail()
 
@@ -434,68 +548,74 @@ class MainScreen(Screen[None]):
         if is_open:
             self.load_detail()
         else:
-            self.query_one(EventTable).focus()
+            self._list_table().focus()
 
     def action_close_detail(self) -> None:
         self.detail_open = False
 
-    @on(DataTable.RowHighlighted, "#events")
+    @on(DataTable.RowHighlighted, "#events, #blocked-keys")
     def _row_highlighted(self) -> None:
         self.refresh_bindings()
-        event = self.query_one(EventTable).highlighted
+        target = self._target()
         pane = self.query_one(EventDetailPane)
-        if self.detail_open and event is not None and event.id != pane.event_id:
+        if self.detail_open and target is not None and target.id != pane.event_id:
             self.load_detail()
 
     def load_detail(self) -> None:
-        event = self.query_one(EventTable).highlighted
+        target = self._target()
         pane = self.query_one(EventDetailPane)
-        if event is None:
+        if target is None:
             pane.event_id = None
-            pane.show_message("No event highlighted.")
+            pane.show_message("No event highlighted." if self.mode != BLOCKED else "No key.")
             return
-        self._load_detail(event.id)
+        self._load_detail(target.id)
 
     @work(exclusive=True, group="detail", exit_on_error=False)
     async def _load_detail(self, event_id: str) -> None:
+        insights, db = self.console_app.insights, self.console_app.db
         try:
-            detail = await self.console_app.db(self.console_app.insights.event_detail(event_id))
+            detail = await db(insights.event_detail(event_id))
+            waiting = None
+            columns = detail.columns
+            if columns.get("ordering_key") and columns.get("status") in (DEAD_LETTER, FAILED):
+                waiting = await db(insights.waiting_behind(event_id))
         except OutboxError as exc:
             self.post_message(DetailLoaded(event_id, None, one_line(exc)))
         else:
-            self.post_message(DetailLoaded(event_id, detail, None))
+            self.post_message(DetailLoaded(event_id, detail, None, waiting))
 
     @on(DetailLoaded)
     def _detail_loaded(self, message: DetailLoaded) -> None:
         pane = self.query_one(EventDetailPane)
-        highlighted = self.query_one(EventTable).highlighted
-        if highlighted is None or highlighted.id != message.event_id:
+        target = self._target()
+        if target is None or target.id != message.event_id:
             return  # the cursor moved on; its own load is on the way
         if message.detail is None:
             pane.event_id = message.event_id
             pane.show_message(message.error or "unknown error", error=True)
             return
-        pane.show(message.detail, self.console_app.clock())
+        pane.show(message.detail, self.console_app.clock(), waiting=message.waiting)
 
     # -- replay -------------------------------------------------------------------------
 
     def action_replay_one(self) -> None:
-        event = self.query_one(EventTable).highlighted
-        if event is None or event.status != DEAD_LETTER:
+        target = self._target()
+        if target is None or target.status != DEAD_LETTER:
             return
-        kind = f"{event.event_type} v{event.event_version}"
         self.app.push_screen(
             ConfirmModal(
                 "Replay dead letter",
-                replay_body(1, {kind: 1}, f"event {short_id(event.id)}"),
+                replay_body(1, {target.kind: 1}, f"event {short_id(target.id)}"),
                 confirm_label="Replay",
                 ask_reason=True,
             ),
-            lambda decision: self._replay_decided(decision, (event.id,)),
+            lambda decision: self._replay_decided(decision, (target.id,)),
         )
 
     def action_replay_matching(self) -> None:
         view = self.view
+        if view.mode == BLOCKED:
+            return
         if view.mode == EVENTS and view.filter.statuses and DEAD_LETTER not in view.filter.statuses:
             self.say(
                 f"The filter ({view.describe()}) matches no dead letters: press d, or widen it.",
@@ -579,6 +699,95 @@ class MainScreen(Screen[None]):
             )
         else:
             self.say(text, title="Replayed", timeout=5)
+        self.poll_now()
+
+    # -- skip ---------------------------------------------------------------------------
+
+    def action_skip_dead_letter(self) -> None:
+        """Release the key a dead letter holds back, after a confirmation naming what waits."""
+        target = self._target()
+        if target is None or target.status != DEAD_LETTER or target.ordering_key is None:
+            return  # the binding is disabled then (check_action)
+        self._prepare_skip(target)
+
+    @work(exclusive=True, group="skip", exit_on_error=False)
+    async def _prepare_skip(self, target: Target) -> None:
+        """Count what waits behind it now, so the confirmation can say what a skip releases."""
+        insights, db = self.console_app.insights, self.console_app.db
+        try:
+            detail = await db(insights.event_detail(target.id))
+            waiting = await db(insights.waiting_behind(target.id))
+        except OutboxError as exc:
+            self.post_message(ActionFailed("Skip", one_line(exc)))
+            return
+        columns = detail.columns
+        if columns.get("status") != DEAD_LETTER:
+            status = str(columns.get("status")).replace("_", " ")
+            self.post_message(ActionFailed("Skip", f"it is {status} now, not a dead letter"))
+        elif columns.get("skipped_at") is not None:
+            self.post_message(ActionFailed("Skip", "it was skipped already; its key goes on"))
+        else:
+            key = str(columns.get("ordering_key") or target.ordering_key)
+            self.post_message(SkipPrepared(target.id, target.kind, key, waiting))
+
+    @on(SkipPrepared)
+    def _skip_prepared(self, message: SkipPrepared) -> None:
+        self.app.push_screen(
+            ConfirmModal(
+                "Skip dead letter",
+                skip_body(message),
+                confirm_label="Skip",
+                ask_reason=True,
+                reason_placeholder="why (kept in the audit log)",
+            ),
+            lambda decision: self._skip_decided(decision, message),
+        )
+
+    def _skip_decided(self, decision: Confirmation | None, message: SkipPrepared) -> None:
+        if decision is None:
+            self.say("Skip cancelled; nothing changed.", timeout=3)
+            return
+        self._skip(message, decision.reason)
+
+    @work(exclusive=True, group="skip", exit_on_error=False)
+    async def _skip(self, message: SkipPrepared, reason: str | None) -> None:
+        console = self.console_app
+        event_id, key = message.event_id, message.ordering_key
+        try:
+            result = await console.db(
+                skip_dead_letter(
+                    console.engine,
+                    [event_id],
+                    operator=console.operator,
+                    reason=reason,
+                    strict=False,
+                )
+            )
+        except OutboxError as exc:
+            self.post_message(SkipFinished(event_id, key, message.waiting, error=one_line(exc)))
+            return
+        refused = result.refused.get(event_id)
+        self.post_message(SkipFinished(event_id, key, message.waiting, refused=refused))
+
+    @on(SkipFinished)
+    def _skip_finished(self, message: SkipFinished) -> None:
+        if message.error:
+            self.say(message.error, title="Skip failed", severity="error", timeout=8)
+            return
+        if message.refused:
+            self.say(
+                f"{short_id(message.event_id)} was not skipped: {message.refused}.",
+                title="Not skipped",
+                severity="warning",
+                timeout=8,
+            )
+            return
+        self.say(
+            f"{short_id(message.event_id)} skipped: {_events(message.waiting)} of "
+            f"{message.ordering_key} released.",
+            title="Skipped",
+            timeout=5,
+        )
         self.poll_now()
 
     # -- dispatch -----------------------------------------------------------------------
@@ -697,19 +906,36 @@ class MainScreen(Screen[None]):
             if state in ("stopped", "starting"):
                 return False
             return None if state == "stopping" else True
+        target = self._target() if action in _ON_TARGET else None
         if action == "replay_one":
-            event = self._highlighted()
-            return True if event is not None and event.status == DEAD_LETTER else None
+            return True if target is not None and target.status == DEAD_LETTER else None
+        if action == "skip_dead_letter":  # shown only where it applies: the footer is full
+            keyed = target is not None and target.ordering_key is not None
+            return keyed and target is not None and target.status == DEAD_LETTER
+        if action == "show_key_events":
+            return True if target is not None and target.ordering_key is not None else None
         if action == "close_detail":
             return self.detail_open
-        if action == "older_page":
-            return True if self.view.has_more else None
+        if self.mode == BLOCKED and action in _NOT_FOR_KEYS:
+            return False  # not offered (nor shown) in the blocked-keys view
+        if action == "older_page":  # paging keys show while there is somewhere to go
+            return self.view.has_more
         if action == "newer_page":
-            return True if self.view.page_number > 1 else None
+            return self.view.page_number > 1
         return True
 
-    def _highlighted(self) -> EventSummary | None:
+    def _target(self) -> Target | None:
+        """What ``r``, ``k``, ``w`` and the detail act on in the current view."""
         try:
-            return self.query_one(EventTable).highlighted
+            if self.mode == BLOCKED:
+                key = self.query_one(BlockedKeysTable).highlighted
+                return Target.of_key(key) if key is not None else None
+            event = self.query_one(EventTable).highlighted
         except Exception:  # before compose
             return None
+        return Target.of_event(event) if event is not None else None
+
+
+_ON_TARGET = ("replay_one", "skip_dead_letter", "show_key_events")
+# The blocked-keys view has no filter and no pages (it lists the oldest heads).
+_NOT_FOR_KEYS = ("filter", "replay_matching", "older_page", "newer_page")

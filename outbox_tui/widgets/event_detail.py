@@ -16,6 +16,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from engine.insights import EventDetail
+from engine.schema import DEAD_LETTER, PUBLISHED
 from outbox_tui.widgets.format import (
     MUTED_STYLE,
     one_line,
@@ -72,8 +73,13 @@ def _lines(rows: Sequence[Text]) -> RenderableType:
 def _replay_lines(replays: Sequence[Mapping[str, Any]], now: datetime) -> RenderableType:
     rows = []
     for r in replays:
+        action = "skipped" if r.get("action") == "skip" else "replayed"
         line = Text.assemble(
-            _when(r.get("replayed_at"), now), "  ", (str(r.get("operator")), "bold")
+            _when(r.get("replayed_at"), now),
+            "  ",
+            (action, "#ffaf5f" if action == "skipped" else ""),
+            " by ",
+            (str(r.get("operator")), "bold"),
         )
         line.append(f": {r['reason']}" if r.get("reason") else ": (no reason given)")
         cleared = r.get("cleared_dead_letter_reason")
@@ -123,8 +129,58 @@ def _effect_lines(effects: Sequence[Mapping[str, Any]], now: datetime) -> Render
     return _lines(rows)
 
 
-def render_detail(detail: EventDetail, now: datetime) -> RenderableType:
-    """The whole detail as one Rich renderable (also used by tests to read it as text)."""
+def _plural(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
+def _ordering_rows(
+    detail: EventDetail, now: datetime, waiting: int | None
+) -> list[tuple[str, RenderableType]]:
+    """Its ordering key, where it stands in the key, and what waits behind it."""
+    c = detail.columns
+    key = c.get("ordering_key")
+    if key is None:
+        return [("ordering key", Text("none (unordered)", style=MUTED_STYLE))]
+    rows: list[tuple[str, RenderableType]] = [("ordering key", Text(str(key), style="bold"))]
+    status = c.get("status")
+    earlier = detail.earlier_in_key
+    if status != PUBLISHED and earlier is not None:
+        if earlier == 0:
+            position = Text("none: it is the head of its key")
+        else:
+            position = Text.assemble(
+                (_plural(earlier, "undelivered event"), "bold #ffaf5f"),
+                " of its key " + ("comes" if earlier == 1 else "come") + " first",
+            )
+        rows.append(("earlier in key", position))
+    if waiting is not None:
+        held = status == DEAD_LETTER and c.get("skipped_at") is None
+        blocks = held or status == "failed"
+        line = Text(_plural(waiting, "event"), style="bold #ffaf5f" if waiting else "")
+        if blocks:
+            line.append(" waits behind it" if waiting == 1 else " wait behind it", style="")
+            if held:
+                line.append("  k skips it, r replays it", style=MUTED_STYLE)
+        else:
+            line.append(" of its key " + ("comes" if waiting == 1 else "come") + " after it")
+        rows.append(("waiting behind", line))
+    if c.get("skipped_at") is not None:
+        rows.append(
+            (
+                "skipped",
+                Text.assemble(_when(c.get("skipped_at"), now), ("  its key went on", MUTED_STYLE)),
+            )
+        )
+    return rows
+
+
+def render_detail(
+    detail: EventDetail, now: datetime, *, waiting: int | None = None
+) -> RenderableType:
+    """The whole detail as one Rich renderable (also used by tests to read it as text).
+
+    ``waiting``: the events of its ordering key behind it, when the caller counted them.
+    """
     c = detail.columns
     status = str(c.get("status", ""))
     title = Text.assemble(status_text(status), "  ", (str(c.get("id", "")), "bold"))
@@ -133,6 +189,7 @@ def render_detail(detail: EventDetail, now: datetime) -> RenderableType:
             ("type", Text(f"{c.get('event_type')} v{c.get('event_version')}")),
             ("tenant", Text(str(c.get("tenant_id")))),
             ("aggregate", Text(f"{c.get('aggregate_type')}:{c.get('aggregate_id')}")),
+            *_ordering_rows(detail, now, waiting),
             ("trace id", Text(detail.trace_id or "—")),
             ("created", _when(c.get("created_at"), now)),
         ]
@@ -186,7 +243,7 @@ def render_detail(detail: EventDetail, now: datetime) -> RenderableType:
         errors,
         _section("Delivery and lease"),
         delivery,
-        _section(f"Replay history ({len(detail.replays)})"),
+        _section(f"Replays and skips ({len(detail.replays)})"),
         _replay_lines(detail.replays, now),
         _section(f"Handler runs ({len(detail.handler_runs)})"),
         _run_lines(detail.handler_runs, now),
@@ -204,17 +261,20 @@ class EventDetailPane(VerticalScroll):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.event_id: str | None = None
-        self.border_title = "Event detail"
+        self.detail: EventDetail | None = None  # what is shown, for tests and screenshots
+        self.waiting: int | None = None
+        self.border_title = "Event detail · esc closes"
 
     def compose(self):  # type: ignore[no-untyped-def]
         yield Static(Text("Loading…", style=MUTED_STYLE), id="detail-body")
 
-    def show(self, detail: EventDetail, now: datetime) -> None:
+    def show(self, detail: EventDetail, now: datetime, *, waiting: int | None = None) -> None:
         new_event = detail.columns.get("id") != self.event_id
         self.event_id = str(detail.columns.get("id"))
+        self.detail, self.waiting = detail, waiting
         status = str(detail.columns.get("status", ""))
         self.border_subtitle = status.replace("_", " ")
-        self.query_one("#detail-body", Static).update(render_detail(detail, now))
+        self.query_one("#detail-body", Static).update(render_detail(detail, now, waiting=waiting))
         if new_event:
             self.scroll_home(animate=False)
 

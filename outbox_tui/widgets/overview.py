@@ -1,4 +1,4 @@
-"""The overview band: counts by status, ages against thresholds, and throughput."""
+"""The overview band: counts by status, blocked keys, ages against thresholds, and throughput."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ TILES = (
     ("dead_letter", "dead letter"),
     ("published", "published"),
 )
+BLOCKED_TILE = "blocked_keys"
 OK, WARN, CRIT = "#87d787", "#ffaf5f", "#ff5f5f"
 MUTED = "#8a8a8a"
 
@@ -38,6 +39,7 @@ class AgeThresholds:
 
 
 BLOCKS = " ▁▂▃▄▅▆▇█"
+TILE_STYLES = {BLOCKED_TILE: f"bold {WARN}"}
 
 
 def sparkline(values: Sequence[int], width: int, colour: str = OK) -> Text:
@@ -65,8 +67,11 @@ class CountTile(Static):
         self.status = status
         self.border_title = label
 
-    def show(self, value: int, extra: str = "") -> None:
-        style = RICH_STATUS_STYLES[self.status] if value else MUTED
+    def show(self, value: int, extra: str = "", *, note: str = "") -> None:
+        """``extra`` follows the count; ``note`` goes on the bottom border (short)."""
+        self.border_subtitle = note
+        style = TILE_STYLES.get(self.status, RICH_STATUS_STYLES.get(self.status, "")) or ""
+        style = style if value else MUTED
         text = Text(count(value), style=style)
         if extra:
             text.append(f" · {extra}", style=MUTED)
@@ -85,6 +90,7 @@ class OverviewPanel(Horizontal):
             with Horizontal(id="tiles"):
                 for status, label in TILES:
                     yield CountTile(status, label)
+                yield CountTile(BLOCKED_TILE, "blocked keys")
             yield Static("waiting for the first refresh…", id="health")
         with Vertical(id="throughput") as box:
             box.border_title = "published per refresh"
@@ -98,6 +104,11 @@ class OverviewPanel(Horizontal):
                 window = duration(snap.recent_window_seconds)
                 extra = f"{count(snap.published_recent)}/{window}"  # e.g. "1,019/5m": fits a tile
             self.query_one(f"#tile-{status}", CountTile).show(snap.counts.get(status, 0), extra)
+        # Keys held back by a failed or dead-lettered head, and how old the oldest head is.
+        head_age = snap.oldest_blocked_head_age_seconds
+        self.query_one(f"#tile-{BLOCKED_TILE}", CountTile).show(
+            snap.blocked_keys, note=f"oldest {duration(head_age)}" if head_age is not None else ""
+        )
         oldest = snap.oldest_pending_age_seconds
         warn, critical = duration(self.thresholds.warn), duration(self.thresholds.critical)
         stuck = snap.stuck_publishing

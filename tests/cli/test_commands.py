@@ -28,6 +28,9 @@ STATS_KEYS = {
     "recent_window_seconds",
     "awaiting_purge",
     "retention_seconds",
+    "blocked_keys",
+    "oldest_blocked_head_at",
+    "oldest_blocked_head_age_seconds",
     "heartbeats",
 }
 DEAD_LETTER_KEYS = {
@@ -42,6 +45,7 @@ DEAD_LETTER_KEYS = {
     "dead_letter_reason",
     "created_at",
     "replay_count",
+    "ordering_key",
 }
 COUNTER_KEYS = {"claimed", "published", "failed", "dead_lettered", "lost_leases"}
 REPLAY_KEYS = {"dry_run", "matched", "by_type", "replayed", "refused", "operator", "reason"}
@@ -59,6 +63,7 @@ def masked(url: str) -> str:
         ["dead-letter"],
         ["dead-letter", "list"],
         ["dead-letter", "replay"],
+        ["dead-letter", "skip"],
         ["stats"],
         ["init-db"],
     ],
@@ -89,7 +94,11 @@ async def test_init_db_then_stats(cli: Cli, database_url: str) -> None:
     assert created.stdout.startswith("created the outbox schema at ")
     again = cli("init-db", "--database-url", database_url, "--json")
     assert again.returncode == 0, again
-    assert again.json() == {"database_url": masked(database_url), "schema": "present"}
+    assert again.json() == {
+        "database_url": masked(database_url),
+        "schema": "present",
+        "upgrade_steps": [],
+    }
 
     stats = cli("stats", "--database-url", database_url, "--json", "--retention-seconds", "60")
     assert stats.returncode == 0, stats
@@ -101,6 +110,7 @@ async def test_init_db_then_stats(cli: Cli, database_url: str) -> None:
     assert record["total"] == 0
     assert record["awaiting_purge"] == 0 and record["retention_seconds"] == 60
     assert record["oldest_pending_at"] is None and record["heartbeats"] == []
+    assert record["blocked_keys"] == 0 and record["oldest_blocked_head_age_seconds"] is None
     assert record["database_url"] == masked(database_url)
     assert record["taken_at"].endswith("Z")
 

@@ -4,7 +4,9 @@ The example orders app fills it (``generate_orders`` with a fixed seed) and a
 dispatcher with a fixed clock works through part of it, so every state shows:
 pending, failed with a retry time, dead letters (one replayed, with a reason),
 published with handler runs and side effects, one row stuck in publishing
-with an expired lease, and three dispatchers (alive, stale, stopped).
+with an expired lease, three dispatchers (alive, stale, stopped), and blocked
+ordering keys (the example orders each order's events: a refused or retrying
+order holds back its cancellation).
 
 Determinism: event ids (UUIDv7) and order ids (UUIDv4) come from seeded
 generators while the data is written, creation times are set from the fixed
@@ -37,6 +39,7 @@ from outbox_tui.apps import load_registry
 from outbox_tui.examples.orders import create_tables
 from outbox_tui.examples.orders.traffic import generate_orders
 from outbox_tui.screens.confirm import ConfirmModal
+from outbox_tui.widgets.blocked_keys import BlockedKeysTable
 from outbox_tui.widgets.event_detail import EventDetailPane
 from outbox_tui.widgets.event_table import EventTable
 
@@ -157,7 +160,18 @@ async def _replay_one(engine: AsyncEngine, clock: FixedClock) -> None:
     worker = OutboxDispatcher(
         engine, registry(), dispatcher_id="orders-worker-1", batch_size=1, clock=clock
     )
-    await worker.dispatch_once()  # still over the limit: dead-lettered again
+    # Rounds of one event until the replayed one comes up (a claim walks the keys in key
+    # order): still over the limit, it is dead-lettered again.
+    for _ in range(100):
+        await worker.dispatch_once()
+        async with engine.connect() as conn:
+            status = (
+                await conn.execute(
+                    select(outbox_events.c.status).where(outbox_events.c.id == first)
+                )
+            ).scalar_one()
+        if status == DEAD_LETTER:
+            break
 
 
 async def _heartbeats(engine: AsyncEngine, clock: FixedClock) -> None:
@@ -285,6 +299,37 @@ async def scene_confirm_replay(pilot: Pilot[object], clock: FixedClock) -> None:
     await _wait(pilot, lambda: isinstance(app.screen, ConfirmModal), "the dialog")
 
 
+async def _blocked_key_with_waiting(pilot: Pilot[object]) -> OutboxConsole:
+    """The blocked-keys view, the cursor on the oldest dead-lettered head with events behind."""
+    app = await _first_refresh(pilot)
+    await pilot.press("b")
+    table = app.main.query_one(BlockedKeysTable)
+    await _wait(pilot, lambda: table.display and table.row_count > 0, "the blocked keys")
+    keys = table.blocked_keys
+    row = next(i for i, k in enumerate(keys) if k.head_status == DEAD_LETTER and k.waiting)
+    await pilot.press(*["down"] * row)
+    return app
+
+
+async def scene_blocked_keys(pilot: Pilot[object], clock: FixedClock) -> None:
+    await _blocked_key_with_waiting(pilot)
+
+
+async def scene_blocked_head_detail(pilot: Pilot[object], clock: FixedClock) -> None:
+    app = await _blocked_key_with_waiting(pilot)
+    await pilot.press("enter")
+    pane = app.main.query_one(EventDetailPane)
+    head = app.main.query_one(BlockedKeysTable).highlighted
+    assert head is not None
+    await _wait(pilot, lambda: pane.event_id == head.head_id and pane.waiting, "the detail")
+
+
+async def scene_confirm_skip(pilot: Pilot[object], clock: FixedClock) -> None:
+    app = await _blocked_key_with_waiting(pilot)
+    await pilot.press("k")
+    await _wait(pilot, lambda: isinstance(app.screen, ConfirmModal), "the dialog")
+
+
 async def scene_help(pilot: Pilot[object], clock: FixedClock) -> None:
     await _first_refresh(pilot)
     await pilot.press("question_mark")
@@ -295,5 +340,8 @@ SCENES: dict[str, Callable[[Pilot[object], FixedClock], Awaitable[None]]] = {
     "events-detail": scene_event_detail,
     "dead-letters": scene_dead_letters,
     "confirm-replay": scene_confirm_replay,
+    "blocked-keys": scene_blocked_keys,
+    "blocked-head-detail": scene_blocked_head_detail,
+    "confirm-skip": scene_confirm_skip,
     "help": scene_help,
 }

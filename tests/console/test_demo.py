@@ -39,9 +39,12 @@ async def test_demo_creates_its_database_and_comes_alive(tmp_path, monkeypatch):
             return (
                 snap.counts["published"] > first.counts["published"]
                 and snap.counts["dead_letter"] > 0
+                and snap.blocked_keys > 0  # a refused order holds back its cancellation
                 and sum(snap.counts.values()) > sum(first.counts.values())  # traffic arrives
                 and any(hb.state == "alive" for hb in snap.heartbeats)
             )
 
-        await until(pilot, alive, "published rows, dead letters and new orders", seconds=10)
+        await until(
+            pilot, alive, "published rows, dead letters, a blocked key and new orders", seconds=10
+        )
         assert app.traffic is not None and app.traffic.placed >= 0

@@ -8,6 +8,11 @@ The handlers stand in for real integrations and misbehave on purpose so a
 demo shows every outbox state: amounts ending in 7 fail transiently on their
 first two attempts (a flaky warehouse), and amounts over 900 are refused
 permanently (a credit limit), which dead-letters them.
+
+Both event types are ordered by their order (``key="aggregate"``): an order's
+``orders.cancelled`` is never delivered before its ``orders.placed``, and a
+dead-lettered ``orders.placed`` holds back its order's later events (a blocked
+key) until an operator replays or skips it.
 """
 
 from __future__ import annotations
@@ -153,6 +158,8 @@ def register(registry: EventRegistry) -> None:
         aggregate_type="order",
         subject=lambda e: e.order_id,
     )
+    for event_type in ("orders.placed", "orders.cancelled"):  # one order's events in order
+        registry.set_ordering(event_type, key="aggregate")
     registry.register_handler("orders.placed", reserve_stock, key="orders.reserve_stock")
     registry.register_handler("orders.placed", notify_customer, key="orders.notify_customer")
     registry.register_handler("orders.cancelled", notify_customer, key="orders.notify_cancel")

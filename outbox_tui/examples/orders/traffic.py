@@ -53,12 +53,18 @@ async def trickle(
     *,
     per_second: float = 3.0,
     seed: int = 11,
+    cancel_every: int = 0,
 ) -> int:
-    """Place orders at a steady rate until ``stop`` is set; returns how many."""
+    """Place orders at a steady rate until ``stop`` is set; returns how many.
+
+    ``cancel_every`` cancels every n-th order right after placing it (0: none).
+    """
     total = 0
     batch = 0
     while not stop.is_set():
-        await generate_orders(engine, registry, 1, seed=seed + batch, cancel_every=0, start=batch)
+        await generate_orders(
+            engine, registry, 1, seed=seed + batch, cancel_every=cancel_every, start=batch
+        )
         total += 1
         batch += 1
         with contextlib.suppress(TimeoutError):
