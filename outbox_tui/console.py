@@ -67,8 +67,7 @@ async def preflight(database_url: str) -> None:
         )
     sqlite_path = _sqlite_path(database_url)
     if sqlite_path is not None and sqlite_path.is_dir():
-        # Refused here: aiosqlite's failed open of a directory leaves its worker thread
-        # answering a loop that is already closed.
+        # Said plainly rather than as the driver's "unable to open database file".
         raise StartupError(f"{sqlite_path} is a directory, not a SQLite database file")
     engine = console_engine(database_url)
     try:
