@@ -137,7 +137,7 @@ class OutboxDispatcher:
         lease_seconds: float = 30.0,
         max_attempts: int | None = None,
         max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
-        handler_timeout_seconds: float = DEFAULT_HANDLER_TIMEOUT,
+        handler_timeout_seconds: float | None = None,
         backoff: BackoffPolicy | None = None,
         idempotency_store: IdempotencyStore | None = None,
         external_publisher: ExternalPublisher | None = None,
@@ -153,6 +153,8 @@ class OutboxDispatcher:
             raise ConfigurationError(f"max_attempts must be >= 1, got {max_attempts}")
         if max_concurrency < 1:
             raise ConfigurationError(f"max_concurrency must be >= 1, got {max_concurrency}")
+        if handler_timeout_seconds is None:
+            handler_timeout_seconds = min(DEFAULT_HANDLER_TIMEOUT, lease_seconds / 2)
         if not 0 < handler_timeout_seconds < lease_seconds:
             raise ConfigurationError(
                 f"handler_timeout_seconds must be > 0 and below lease_seconds "

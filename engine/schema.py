@@ -1,6 +1,6 @@
 """The outbox's tables: one ``MetaData`` users can hand to their own Alembic.
 
-```outbox_events`` is a documented contract: every column except id, tenant_id,
+``outbox_events`` is a documented contract: every column except id, tenant_id,
 event_type, event_version, aggregate_type, aggregate_id and payload has a
 server-side default, so any language can enqueue an event with plain SQL.
 

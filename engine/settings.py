@@ -35,7 +35,7 @@ from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engine.database import DEFAULT_DATABASE_URL, parse_database_url
-from engine.dispatcher import DEFAULT_HANDLER_TIMEOUT, DEFAULT_MAX_CONCURRENCY
+from engine.dispatcher import DEFAULT_MAX_CONCURRENCY
 from engine.errors import ConfigurationError, DatabaseUrlError
 
 ENV_PREFIX = "OUTBOX_"
@@ -55,7 +55,8 @@ class DispatcherSettings(BaseModel):
     # Events of a batch delivered at once (handlers awaiting I/O overlap), and how long one
     # handler may run before it counts as a transient failure (below lease_seconds).
     max_concurrency: Annotated[int, Field(ge=1, le=10_000)] = DEFAULT_MAX_CONCURRENCY
-    handler_timeout_seconds: Seconds = DEFAULT_HANDLER_TIMEOUT
+    # None: DEFAULT_HANDLER_TIMEOUT (10 s), or half the lease when the lease is shorter.
+    handler_timeout_seconds: Seconds | None = None
     idle_sleep_seconds: Seconds = 1.0
     lease_seconds: Seconds = 30.0
     # None: each row's own max_attempts; a number overrides every row's budget.
@@ -102,7 +103,10 @@ class DispatcherSettings(BaseModel):
                 self.backoff_max_seconds,
                 f"at least backoff_base_seconds ({self.backoff_base_seconds:g})",
             )
-        if self.handler_timeout_seconds >= self.lease_seconds:
+        if (
+            self.handler_timeout_seconds is not None
+            and self.handler_timeout_seconds >= self.lease_seconds
+        ):
             raise _conflict(
                 "handler_timeout_seconds",
                 self.handler_timeout_seconds,

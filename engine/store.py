@@ -102,8 +102,7 @@ class ClaimedRow:
                 return f"corrupt row: column {name} is {values[name]!r}, not an integer"
         if values["max_attempts"] < 1:
             return (
-                f"corrupt row: column max_attempts is {values['max_attempts']}, "
-                "must be at least 1"
+                f"corrupt row: column max_attempts is {values['max_attempts']}, must be at least 1"
             )
         if values["created_at"] is None:
             return "corrupt row: column created_at is not a timestamp"
@@ -301,26 +300,34 @@ async def claim_batch(
     """
     walk_limit = walk_limit or max(4 * batch_size, 100)
     stmt = _claim_statement(conn.dialect.name, ordered_first)
-    result = await conn.execute(
-        stmt,
-        {
-            "now": now,
-            "locked_until": now + lease,
-            "dispatcher_id": dispatcher_id,
-            "batch": batch_size,
-            "key_cursor": key_cursor,
-            "walk_limit": walk_limit,
-        },
-    )
-    rows = [ClaimedRow(values=dict(row), raw_payload=row["payload"]) for row in result.mappings()]
+    params = {
+        "now": now,
+        "locked_until": now + lease,
+        "dispatcher_id": dispatcher_id,
+        "batch": batch_size,
+        "walk_limit": walk_limit,
+    }
+
+    async def claim_from(cursor: str) -> list[ClaimedRow]:
+        result = await conn.execute(stmt, {**params, "key_cursor": cursor})
+        return [
+            ClaimedRow(values=dict(row), raw_payload=row["payload"]) for row in result.mappings()
+        ]
+
+    rows = await claim_from(key_cursor)
+    if not rows and key_cursor:
+        # Nothing due after the cursor: go round from the first key now, in the same
+        # transaction, rather than report an empty round (the run loop would sleep on it).
+        key_cursor = ""
+        rows = await claim_from(key_cursor)
     rows.sort(key=lambda r: r.seq)
     keys = [r.ordering_key for r in rows if r.ordering_key is not None]
     if keys and len(rows) >= batch_size:
         return ClaimedBatch(rows, max(keys))  # the batch filled up: go on after its last key
     # The walk either reached the last key (start over next time) or stopped at its cap
     # among keys that are blocked or in flight (go on after the last key it saw).
-    params = {"key_cursor": key_cursor, "walk_limit": walk_limit}
-    end = (await conn.execute(_walk_end_statement(conn.dialect.name), params)).first()
+    walk = {"key_cursor": key_cursor, "walk_limit": walk_limit}
+    end = (await conn.execute(_walk_end_statement(conn.dialect.name), walk)).first()
     capped = end is not None and int(end.n) >= walk_limit
     return ClaimedBatch(rows, str(end.k) if capped and end is not None else "")
 

@@ -92,6 +92,11 @@ async def test_no_handler_starts_once_the_start_budget_of_the_lease_is_spent(db,
         assert (stored["status"], stored["attempt_count"]) == ("pending", 0)
 
 
+def test_the_default_handler_timeout_fits_a_short_lease(db, registry):
+    assert OutboxDispatcher(db, registry).handler_timeout == 10
+    assert OutboxDispatcher(db, registry, lease_seconds=6).handler_timeout == 3
+
+
 def test_settings_that_cannot_work_are_refused(db, registry):
     with pytest.raises(ConfigurationError, match="max_concurrency"):
         OutboxDispatcher(db, registry, max_concurrency=0)

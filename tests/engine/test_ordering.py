@@ -4,6 +4,7 @@ the key; skip and replay release it. Every body runs on SQLite and PostgreSQL.""
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 
 import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, select, text
@@ -345,3 +346,22 @@ async def test_producers_that_lock_their_aggregate_write_a_key_in_commit_order(d
     a_may_publish.set()
     id_a, id_b = await first, await second
     assert (await row(db, id_a))["seq"] < (await row(db, id_b))["seq"]
+
+
+async def test_a_claim_past_the_last_due_key_goes_round_instead_of_coming_up_empty(
+    db, ordered, clock
+):
+    from engine import store
+
+    ids = await publish(db, ordered, ["a", "b"])
+    async with db.begin() as conn:  # the cursor is past both keys ("order:a", "order:b")
+        batch = await store.claim_batch(
+            conn,
+            dispatcher_id="d",
+            batch_size=10,
+            lease=timedelta(seconds=30),
+            now=clock(),
+            key_cursor="order:z",
+        )
+    assert sorted(r.event_id for r in batch.rows) == sorted(ids)
+    assert batch.key_cursor == ""

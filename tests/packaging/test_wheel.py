@@ -227,10 +227,12 @@ def test_the_installed_command_line_works_on_sqlite(venv: Venv) -> None:
     )
     common = ("--database-url", url, "--installed-app", APP, "--json")
     round_ = json.loads(venv("dispatch-once", *common).stdout)
-    assert round_["claimed"] == 24  # 20 orders placed, every 5th cancelled
+    # 20 orders placed, every 5th cancelled; ordered by order, so a cancellation waits
+    # behind its order's placed event: the first round takes the 20 heads.
+    assert round_["claimed"] == 20
     stats = json.loads(venv("stats", *common).stdout)
     counts = stats["counts"]
-    assert stats["total"] == 24 and counts["pending"] == 0
+    assert stats["total"] == 24 and counts["pending"] == 4
     assert counts["published"] > 0 and counts["failed"] > 0 and counts["dead_letter"] > 0
     assert round_["published"] == counts["published"]
     dead = json.loads(venv("dead-letter", "list", *common).stdout)
