@@ -60,6 +60,12 @@ class HeartbeatView:
     def iterations(self) -> int:
         return int(self.details.get("iterations", 0) or 0)
 
+    @property
+    def waiting_for(self) -> str | None:
+        """What this dispatcher's relay waits for (a broker outage), or None."""
+        value = self.details.get("waiting_for")
+        return str(value) if value else None
+
     def total(self, name: str) -> int:
         totals = self.details.get("totals")
         source = totals if isinstance(totals, Mapping) else self.details

@@ -22,6 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from engine.insights import EventSummary, HeartbeatView, OverviewSnapshot
+from outbox_tui.widgets.format import heartbeat_state_text
 
 PROG = "outbox-tui"
 COUNTERS = ("claimed", "published", "failed", "dead_lettered", "lost_leases")
@@ -98,6 +99,7 @@ def heartbeat_record(hb: HeartbeatView) -> dict[str, Any]:
         "last_seen_age_seconds": seconds(hb.last_seen_age_seconds),
         "iterations": hb.iterations,
         "totals": {name: hb.total(name) for name in HEARTBEAT_TOTALS},
+        "waiting_for": hb.waiting_for,
     }
 
 
@@ -315,13 +317,12 @@ def stats_tables(snapshot: OverviewSnapshot, database_url: str) -> list[Table | 
         beats.add_column(name)
     beats.add_column("failed")
     beats.add_column("dead")
-    styles = {"alive": "green", "stale": "yellow", "stopped": "dim"}
     for hb in record["heartbeats"]:
         beats.add_row(
             hb["instance_id"],
             hb["host"],
             str(hb["pid"]),
-            Text(hb["state"], style=styles.get(hb["state"], "")),
+            heartbeat_state_text(hb["state"], hb["waiting_for"]),
             age(hb["last_seen_age_seconds"]) + " ago",
             str(hb["iterations"]),
             str(hb["totals"]["published"]),

@@ -11,7 +11,7 @@ from textual.content import Content
 from textual.widgets import DataTable, Static
 
 from engine.insights import HeartbeatView
-from outbox_tui.widgets.format import HEARTBEAT_STYLES, count, duration
+from outbox_tui.widgets.format import count, duration, heartbeat_state_text
 
 COLUMNS = (
     ("instance", "instance"),
@@ -56,7 +56,7 @@ class DispatchersPanel(Vertical):
             table.add_row(
                 hb.instance_id,
                 f"{hb.host}:{hb.pid}",
-                Text(hb.state, style=HEARTBEAT_STYLES.get(hb.state, "")),
+                heartbeat_state_text(hb.state, hb.waiting_for),
                 f"{duration(hb.last_seen_age_seconds)} ago",
                 duration(up),
                 count(hb.iterations),

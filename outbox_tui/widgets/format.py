@@ -81,3 +81,10 @@ def one_line(value: Any, width: int | None = None) -> str:
 
 
 MUTED_STYLE = "#8a8a8a"
+
+
+def heartbeat_state_text(state: str, waiting_for: str | None) -> Text:
+    """A dispatcher's state; an alive one whose relay waits for its broker says so."""
+    if state == "alive" and waiting_for:
+        return Text("alive · waiting for broker", style=HEARTBEAT_STYLES["stale"])
+    return Text(state, style=HEARTBEAT_STYLES.get(state, ""))
