@@ -15,7 +15,7 @@ may already be in flight.
 from __future__ import annotations
 
 import getpass
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -71,67 +71,37 @@ async def replay_dead_letter(
     ``strict=False`` to get per-id refusals in the result instead. Handlers
     are never run here: the dispatcher picks the events up as usual.
     """
-    operator = operator or default_operator()
     now = now or utc_now()
-    result = ReplayResult()
-    unique_ids = list(dict.fromkeys(event_ids))
-    async with engine.begin() as conn:
-        current = {
-            row.id: row
-            for row in await conn.execute(
-                select(
-                    t.c.id,
-                    t.c.status,
-                    t.c.dead_letter_reason,
-                    t.c.last_error,
-                    t.c.attempt_count,
-                    t.c.skipped_at,
-                )
-                .where(t.c.id.in_(unique_ids))
-                .with_for_update()
-            )
-        }
-        for event_id in unique_ids:
-            row = current.get(event_id)
-            if row is None:
-                result.refused[event_id] = "no such event"
-            elif row.status != DEAD_LETTER:
-                result.refused[event_id] = f"status is {row.status}, not dead_letter"
-        candidates = [i for i in unique_ids if i not in result.refused]
-        if candidates:
-            replayed = set(
-                (
-                    await conn.execute(
-                        update(t)
-                        .where(t.c.id.in_(candidates), t.c.status == DEAD_LETTER)
-                        .values(
-                            status=PENDING,
-                            attempt_count=0,
-                            dead_letter_reason=None,
-                            last_error=None,
-                            next_retry_at=None,
-                            locked_by=None,
-                            locked_until=None,
-                            replay_count=t.c.replay_count + 1,
-                            last_replayed_at=now,
-                            skipped_at=None,
-                        )
-                        .returning(t.c.id)
-                    )
-                ).scalars()
-            )
-            result.replayed = [i for i in candidates if i in replayed]
-            for event_id in candidates:
-                if event_id not in replayed:
-                    result.refused[event_id] = "changed status while being replayed"
-            for event_id in result.replayed:
-                if current[event_id].skipped_at is not None:
-                    await _to_back_of_key(conn, event_id)
-        await _audit(conn, "replay", result.replayed, current, operator, reason, now)
-    if strict and result.refused:
-        detail = "; ".join(f"{i}: {why}" for i, why in result.refused.items())
-        raise ReplayError(f"refused to replay {len(result.refused)} event(s): {detail}")
-    return result
+
+    async def to_back_of_key(conn: AsyncConnection, done: list[str], before: _Rows) -> None:
+        for event_id in done:
+            if before[event_id].skipped_at is not None:
+                await _to_back_of_key(conn, event_id)
+
+    replayed, refused = await _change_dead_letters(
+        engine,
+        event_ids,
+        action=("replay", "replayed"),
+        refuse=lambda row: None,
+        values={
+            "status": PENDING,
+            "attempt_count": 0,
+            "dead_letter_reason": None,
+            "last_error": None,
+            "next_retry_at": None,
+            "locked_by": None,
+            "locked_until": None,
+            "replay_count": t.c.replay_count + 1,
+            "last_replayed_at": now,
+            "skipped_at": None,
+        },
+        after=to_back_of_key,
+        operator=operator,
+        reason=reason,
+        now=now,
+        strict=strict,
+    )
+    return ReplayResult(replayed, refused)
 
 
 async def skip_dead_letter(
@@ -149,62 +119,96 @@ async def skip_dead_letter(
     conditional update); they stay in the dead letter, where a replay can still
     send them (to the back of their key). Refusals work as in ``replay_dead_letter``.
     """
-    operator = operator or default_operator()
     now = now or utc_now()
-    result = SkipResult()
+
+    def refuse(row: Any) -> str | None:
+        if row.ordering_key is None:
+            return "it has no ordering key: nothing waits behind it"
+        return "it was skipped already" if row.skipped_at is not None else None
+
+    skipped, refused = await _change_dead_letters(
+        engine,
+        event_ids,
+        action=("skip", "skipped"),
+        refuse=refuse,
+        values={"skipped_at": now},
+        where=(t.c.skipped_at.is_(None),),
+        operator=operator,
+        reason=reason,
+        now=now,
+        strict=strict,
+    )
+    return SkipResult(skipped, refused)
+
+
+_Rows = Mapping[str, Any]
+_LOCKED = (
+    t.c.id,
+    t.c.status,
+    t.c.ordering_key,
+    t.c.skipped_at,
+    t.c.dead_letter_reason,
+    t.c.last_error,
+    t.c.attempt_count,
+)
+
+
+async def _change_dead_letters(
+    engine: AsyncEngine,
+    event_ids: Sequence[str],
+    *,
+    action: tuple[str, str],
+    refuse: Callable[[Any], str | None],
+    values: Mapping[str, Any],
+    where: Sequence[Any] = (),
+    after: Callable[[AsyncConnection, list[str], _Rows], Awaitable[None]] | None = None,
+    operator: str | None,
+    reason: str | None,
+    now: datetime,
+    strict: bool,
+) -> tuple[list[str], dict[str, str]]:
+    """One audited operator action on dead letters, in one transaction.
+
+    Locks the rows, refuses per id (missing, not a dead letter, or ``refuse``'s
+    reason), changes the rest with one conditional update, runs ``after`` on the
+    changed ids and writes one audit row each. Returns (changed, refused).
+    """
+    verb, past = action
+    operator = operator or default_operator()
     unique_ids = list(dict.fromkeys(event_ids))
+    refused: dict[str, str] = {}
+    changed: list[str] = []
     async with engine.begin() as conn:
-        current = {
-            row.id: row
-            for row in await conn.execute(
-                select(
-                    t.c.id,
-                    t.c.status,
-                    t.c.ordering_key,
-                    t.c.skipped_at,
-                    t.c.dead_letter_reason,
-                    t.c.last_error,
-                    t.c.attempt_count,
-                )
-                .where(t.c.id.in_(unique_ids))
-                .with_for_update()
-            )
-        }
+        locked = select(*_LOCKED).where(t.c.id.in_(unique_ids)).with_for_update()
+        current = {row.id: row for row in await conn.execute(locked)}
         for event_id in unique_ids:
             row = current.get(event_id)
             if row is None:
-                result.refused[event_id] = "no such event"
+                refused[event_id] = "no such event"
             elif row.status != DEAD_LETTER:
-                result.refused[event_id] = f"status is {row.status}, not dead_letter"
-            elif row.ordering_key is None:
-                result.refused[event_id] = "it has no ordering key: nothing waits behind it"
-            elif row.skipped_at is not None:
-                result.refused[event_id] = "it was skipped already"
-        candidates = [i for i in unique_ids if i not in result.refused]
+                refused[event_id] = f"status is {row.status}, not dead_letter"
+            elif (why := refuse(row)) is not None:
+                refused[event_id] = why
+        candidates = [i for i in unique_ids if i not in refused]
         if candidates:
-            skipped = set(
-                (
-                    await conn.execute(
-                        update(t)
-                        .where(
-                            t.c.id.in_(candidates),
-                            t.c.status == DEAD_LETTER,
-                            t.c.skipped_at.is_(None),
-                        )
-                        .values(skipped_at=now)
-                        .returning(t.c.id)
-                    )
-                ).scalars()
+            stmt = (
+                update(t)
+                .where(t.c.id.in_(candidates), t.c.status == DEAD_LETTER, *where)
+                .values(**values)
+                .returning(t.c.id)
             )
-            result.skipped = [i for i in candidates if i in skipped]
+            done = set((await conn.execute(stmt)).scalars())
+            changed = [i for i in candidates if i in done]
             for event_id in candidates:
-                if event_id not in skipped:
-                    result.refused[event_id] = "changed status while being skipped"
-        await _audit(conn, "skip", result.skipped, current, operator, reason, now)
-    if strict and result.refused:
-        detail = "; ".join(f"{i}: {why}" for i, why in result.refused.items())
-        raise ReplayError(f"refused to skip {len(result.refused)} event(s): {detail}")
-    return result
+                if event_id not in done:
+                    refused[event_id] = f"changed status while being {past}"
+            if after is not None:
+                await after(conn, changed, current)
+        await _audit(conn, verb, changed, current, operator, reason, now)
+    if strict and refused:
+        detail = "; ".join(f"{i}: {why}" for i, why in refused.items())
+        raise ReplayError(f"refused to {verb} {len(refused)} event(s): {detail}")
+    return changed, refused
 
 
 async def _audit(

@@ -482,17 +482,9 @@ def _build_dead_letter(sub: Any) -> None:
         help="every dead letter matching --tenant/--event-type",
     )
     _add_filters(rep)
-    rep.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="only count what would be replayed (by type); change nothing",
+    _add_audited_action(
+        rep, "replay", "only count what would be replayed (by type); change nothing"
     )
-    rep.add_argument("--yes", action="store_true", help="confirm the replay (required)")
-    rep.add_argument("--reason", metavar="TEXT", help="why (stored in the audit log)")
-    rep.add_argument(
-        "--operator", metavar="NAME", help="who (stored in the audit log; default: the OS user)"
-    )
-    _add_json(rep, "print one JSON object")
     _build_skip(inner)
 
 
@@ -519,17 +511,20 @@ def _build_skip(inner: Any) -> None:
         required=True,
         help="a dead letter whose key to release; repeatable",
     )
-    skip.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="only report what would be skipped and released; change nothing",
+    _add_audited_action(
+        skip, "skip", "only report what would be skipped and released; change nothing"
     )
-    skip.add_argument("--yes", action="store_true", help="confirm the skip (required)")
-    skip.add_argument("--reason", metavar="TEXT", help="why (stored in the audit log)")
-    skip.add_argument(
+
+
+def _add_audited_action(parser: argparse.ArgumentParser, action: str, dry_run: str) -> None:
+    """The options every audited operator action has: dry run, confirmation, who and why."""
+    parser.add_argument("--dry-run", action="store_true", help=dry_run)
+    parser.add_argument("--yes", action="store_true", help=f"confirm the {action} (required)")
+    parser.add_argument("--reason", metavar="TEXT", help="why (stored in the audit log)")
+    parser.add_argument(
         "--operator", metavar="NAME", help="who (stored in the audit log; default: the OS user)"
     )
-    _add_json(skip, "print one JSON object")
+    _add_json(parser, "print one JSON object")
 
 
 def _add_filters(parser: argparse.ArgumentParser) -> None:
