@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import MetaData, Table, inspect, text
+from sqlalchemy import inspect, text
 
 from engine import DispatchResult, OutboxDispatcher, create_schema
 from engine.database import check_schema
 from engine.errors import SchemaOutdatedError
 from engine.schema import metadata
+from tests.old_schema import OLD_STATUSES, create_old_schema
 
 from .conftest import rows
 
@@ -19,31 +20,11 @@ OLD_ROW = (
 )
 
 
-def _previous_metadata() -> MetaData:
-    """The tables as version 0.1 made them: no ordering_key, seq, skipped_at or action."""
-    old = MetaData()
-    added = {("outbox_events", c) for c in ("ordering_key", "seq", "skipped_at")}
-    added.add(("outbox_replay_log", "action"))
-    for table in metadata.sorted_tables:
-        columns = [c._copy() for c in table.c if (table.name, c.name) not in added]
-        Table(table.name, old, *columns)
-    return old
-
-
 async def make_previous_schema(db) -> None:
+    """Replace the fixture's tables with the ones version 0.1 made (tests/old_schema.py)."""
     async with db.begin() as conn:
         await conn.run_sync(metadata.drop_all)
-        if conn.dialect.name == "sqlite":
-            await conn.execute(text("DROP TRIGGER IF EXISTS outbox_events_seq"))
-        await conn.run_sync(_previous_metadata().create_all)
-        await conn.execute(
-            text(
-                "CREATE INDEX ix_outbox_events_active ON outbox_events (id) "
-                "WHERE status IN ('pending', 'publishing', 'failed')"
-            )
-        )
-        for event_id in ("old-2", "old-1"):
-            await conn.execute(text(OLD_ROW), {"id": event_id})
+    await create_old_schema(db.url.render_as_string(hide_password=False))
 
 
 async def test_an_outdated_schema_is_refused_with_the_command_that_upgrades_it(db):
@@ -60,26 +41,27 @@ async def test_init_db_upgrades_in_place_and_keeps_the_rows(db, registry, clock)
     assert "dropped index ix_outbox_events_active" in steps
     await check_schema(db)
     assert await create_schema(db) == []  # idempotent
-    stored = {r["id"]: r for r in await rows(db)}
-    assert stored["old-2"]["seq"] is not None and stored["old-1"]["seq"] is not None
-    assert stored["old-2"]["ordering_key"] is None
+    stored = await rows(db)
+    assert len(stored) == len(OLD_STATUSES)
+    assert all(r["seq"] is not None and r["ordering_key"] is None for r in stored)
 
     async with db.connect() as conn:
         indexes = await conn.run_sync(
             lambda sync: {i["name"] for i in inspect(sync).get_indexes("outbox_events")}
         )
     assert {"ix_outbox_events_unordered", "ix_outbox_events_key_order"} <= indexes
-    assert "ix_outbox_events_active" not in indexes
+    assert not {"ix_outbox_events_active", "ix_outbox_events_lease"} & indexes
 
     seen = []
 
-    @registry.handler("orders.cancelled", key="orders.audit")
+    @registry.handler("orders.placed", key="orders.audit")
     async def audit(envelope):
         seen.append(envelope.event_id)
 
     worker = OutboxDispatcher(db, registry, clock=clock)
-    assert await worker.dispatch_once() == DispatchResult(claimed=2, published=2)
+    pending = OLD_STATUSES.count("pending")
+    assert await worker.dispatch_once() == DispatchResult(claimed=pending, published=pending)
     async with db.begin() as conn:  # new rows get a seq after the old ones
         await conn.execute(text(OLD_ROW), {"id": "new-1"})
         seqs = dict((await conn.execute(text("SELECT id, seq FROM outbox_events"))).all())
-    assert seqs["new-1"] > max(seqs["old-1"], seqs["old-2"])
+    assert seqs["new-1"] > max(v for k, v in seqs.items() if k != "new-1")
