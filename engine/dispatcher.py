@@ -210,6 +210,20 @@ class OutboxDispatcher:
         reason = getattr(self.external_publisher, "waiting_reason", None)
         return reason if isinstance(reason, str) else None
 
+    @property
+    def served_types(self) -> list[str]:
+        """The event types this dispatcher can deliver, so the only ones it claims.
+
+        A relay publishes every registered type; local delivery serves the types
+        that have a handler in this process. Other events stay pending for a
+        dispatcher that serves them (another service sharing the database, the
+        next version during a rolling deploy) instead of being dead-lettered as
+        unknown or marked published with nothing run.
+        """
+        if self.external_publisher is not None:
+            return sorted({event_type for event_type, _version in self.registry.event_types()})
+        return sorted({h.event_type for h in self.registry.all_handlers()})
+
     async def _round(self, stop: asyncio.Event | None) -> DispatchResult:
         if self.external_publisher is not None and not await self._publisher_ready():
             return DispatchResult()  # the broker is away: claim nothing, spend nothing
@@ -217,6 +231,7 @@ class OutboxDispatcher:
         async with self.engine.begin() as conn:
             batch = await store.claim_batch(
                 conn,
+                scope=store.ClaimScope(frozenset(self.served_types)),
                 dispatcher_id=self.dispatcher_id,
                 batch_size=self.batch_size,
                 lease=self.lease,

@@ -23,6 +23,7 @@ from engine.database import read_only_engine, storage_errors
 from engine.errors import EventNotFoundError
 from engine.schema import (
     DEAD_LETTER,
+    FAILED,
     KEY_STALLED_PREDICATE,
     KEY_UNFINISHED_PREDICATE,
     KEYED_PREDICATE,
@@ -66,6 +67,12 @@ class HeartbeatView:
         value = self.details.get("waiting_for")
         return str(value) if value else None
 
+    @property
+    def serves(self) -> list[str] | None:
+        """The event types this dispatcher claims (None: a version that did not say)."""
+        value = self.details.get("serves")
+        return [str(v) for v in value] if isinstance(value, list) else None
+
     def total(self, name: str) -> int:
         totals = self.details.get("totals")
         source = totals if isinstance(totals, Mapping) else self.details
@@ -88,6 +95,8 @@ class OverviewSnapshot:
     # Ordering keys whose head is failed or dead-lettered, and the oldest such head.
     blocked_keys: int = 0
     oldest_blocked_head_at: datetime | None = None
+    # Waiting events of types no live dispatcher serves (empty while none is alive).
+    unserved: Sequence[UnservedType] = ()
 
     @property
     def oldest_pending_age_seconds(self) -> float | None:
@@ -100,6 +109,20 @@ class OverviewSnapshot:
         if self.oldest_blocked_head_at is None:
             return None
         return max(0.0, (self.taken_at - self.oldest_blocked_head_at).total_seconds())
+
+
+@dataclass(frozen=True, slots=True)
+class UnservedType:
+    """Waiting events of a type that no live dispatcher serves: they stay pending.
+
+    During a rolling deploy these are the new version's new types until a new
+    dispatcher runs; with services sharing a database, a type whose service is down.
+    """
+
+    event_type: str
+    count: int
+    oldest_created_at: datetime
+    oldest_age_seconds: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -328,6 +351,7 @@ class OutboxInsights:
                     .where(t.c.status == PUBLISHED, t.c.published_at < cutoff),
                 )
             heartbeats = await self._heartbeats(conn, now)
+            unserved = await _unserved(conn, heartbeats, now)
             blocked = (
                 await conn.execute(
                     text(
@@ -348,6 +372,7 @@ class OutboxInsights:
             heartbeats=heartbeats,
             blocked_keys=int(blocked.n or 0),
             oldest_blocked_head_at=blocked.oldest,
+            unserved=unserved,
         )
 
     async def blocked_keys(self, *, limit: int = 50) -> list[BlockedKey]:
@@ -517,6 +542,36 @@ class OutboxInsights:
             except ValueError as exc:
                 payload_error = f"corrupt payload: {exc}"
         return EventDetail(values, payload, payload_error, replays, runs, effects, earlier)
+
+
+async def _unserved(
+    conn: AsyncConnection, heartbeats: Sequence[HeartbeatView], now: datetime
+) -> list[UnservedType]:
+    """Waiting events by type that no live dispatcher claims (see UnservedType).
+
+    Judged only while some live dispatcher says what it serves: with none alive,
+    everything waits and the dispatcher panel already says so. Reads the waiting
+    rows of unserved types only, through the status index.
+    """
+    alive = [hb for hb in heartbeats if hb.state == ALIVE and hb.kind == "dispatcher"]
+    if not alive or any(hb.serves is None for hb in alive):
+        return []  # none alive, or one from before "serves" that claims every type
+    served = sorted({t for hb in alive for t in hb.serves or ()})
+    stmt = (
+        select(t.c.event_type, func.count().label("n"), func.min(t.c.created_at).label("oldest"))
+        .where(t.c.status.in_((PENDING, FAILED)), t.c.event_type.not_in(served))
+        .group_by(t.c.event_type)
+        .order_by(t.c.event_type)
+    )
+    return [
+        UnservedType(
+            event_type=row.event_type,
+            count=int(row.n),
+            oldest_created_at=row.oldest,
+            oldest_age_seconds=max(0.0, (now - row.oldest).total_seconds()),
+        )
+        for row in (await conn.execute(stmt)).all()
+    ]
 
 
 async def _scalar(conn: AsyncConnection, stmt: Select[Any]) -> int:

@@ -422,4 +422,6 @@ class _RunLoop:
             "use_lock": self.dispatcher.lock_provider is not None,
             "last_error": s.last_error,
             "waiting_for": self.dispatcher.waiting_for,
+            # What it claims: operators see which types no running dispatcher serves.
+            "serves": self.dispatcher.served_types,
         }

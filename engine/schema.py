@@ -195,6 +195,15 @@ Index(
     outbox_events.c.seq,
     **_where(ACTIVE_PREDICATE, UNORDERED_PREDICATE),
 )
+# The unordered claim of a dispatcher that serves only some types, while rows of other
+# types wait (a rolling deploy, services sharing a database, a paused type): one range
+# per served type, so the waiting rows of the others are never walked.
+Index(
+    "ix_outbox_events_unordered_type",
+    outbox_events.c.event_type,
+    outbox_events.c.seq,
+    **_where(ACTIVE_PREDICATE, UNORDERED_PREDICATE),
+)
 # Ordered claim: the head of each key is the first entry of the key in this index, so the
 # claim walks keys (one probe each), never the rows queued behind a head.
 Index(

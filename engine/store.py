@@ -35,7 +35,9 @@ from sqlalchemy import (
     type_coerce,
     update,
 )
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql.elements import BindParameter
 from sqlalchemy.sql.selectable import TextualSelect
 
 from engine.schema import (
@@ -200,17 +202,119 @@ def _walk_end_statement(dialect: str) -> TextClause:
     )
 
 
-def _claim_sql(dialect: str, ordered_first: bool) -> str:
+@dataclass(frozen=True, slots=True)
+class ClaimScope:
+    """Which rows a dispatcher may claim: the event types it can deliver, minus pauses.
+
+    ``types`` are the types this dispatcher serves (its handlers, or everything its
+    relay can publish) with fully paused types already taken out; ``paused_pairs``
+    are (event_type, tenant_id) pairs paused for one tenant. Rows outside the scope
+    stay as they are, spending no attempt: another dispatcher may serve them, and a
+    paused type waits for its resume. A key whose head is out of scope waits too.
+    """
+
+    types: frozenset[str]
+    paused_pairs: frozenset[tuple[str, str]] = frozenset()
+
+    def admits(self, event_type: str, tenant_id: str) -> bool:
+        return event_type in self.types and (event_type, tenant_id) not in self.paused_pairs
+
+
+# Above this many served types with waiting rows, the unordered claim walks the seq
+# index with the type filter instead of one index range per type.
+_PER_TYPE_LIMIT = 16
+_PAIR_SEPARATOR = 31  # ASCII unit separator: cannot occur in a type name someone types
+
+
+def _scope_filter(dialect: str, alias: str) -> str:
+    """SQL that admits a row of ``alias`` only within the claim scope (see ClaimScope)."""
+    if dialect == "postgresql":
+        return (
+            f"{alias}.event_type = ANY(:scope_types) AND NOT "
+            f"({alias}.event_type || chr({_PAIR_SEPARATOR}) || {alias}.tenant_id "
+            "= ANY(:scope_pairs))"
+        )
+    return (
+        f"{alias}.event_type IN (SELECT value FROM json_each(:scope_types)) AND "
+        f"{alias}.event_type || char({_PAIR_SEPARATOR}) || {alias}.tenant_id "
+        "NOT IN (SELECT value FROM json_each(:scope_pairs))"
+    )
+
+
+def _scope_params(dialect: str, scope: ClaimScope) -> dict[str, Any]:
+    types = sorted(scope.types)
+    pairs = sorted(f"{t}{chr(_PAIR_SEPARATOR)}{tenant}" for t, tenant in scope.paused_pairs)
+    if dialect == "postgresql":
+        return {"scope_types": types, "scope_pairs": pairs}
+    return {"scope_types": json.dumps(types), "scope_pairs": json.dumps(pairs)}
+
+
+@functools.cache
+def _waiting_types_statement(dialect: str) -> TextClause:
+    """Distinct event types of waiting unordered rows: one index probe per type."""
+    table = _table_for(dialect)("unordered_type")
+    where = f"{ACTIVE_PREDICATE} AND {UNORDERED_PREDICATE}"
+    return text(
+        f"""WITH RECURSIVE types(t) AS (
+    SELECT min(event_type) FROM {table} WHERE {where}
+    UNION ALL
+    SELECT (SELECT min(event_type) FROM {table} WHERE event_type > types.t AND {where})
+    FROM types WHERE types.t IS NOT NULL
+)
+SELECT t FROM types WHERE t IS NOT NULL"""
+    )
+
+
+def _unordered_cte(dialect: str, limit: str, lock: str, scoped: bool, per_type: int | None) -> str:
+    """Due unordered rows in seq order: one walk of the seq index, or one range per type.
+
+    With a scope, rows of types outside it may sit in the seq index in any number (a
+    type no running dispatcher serves, a paused type); a number ``per_type`` reads only
+    the ranges of that many served types (``:type_0``...) in
+    ix_outbox_events_unordered_type and merges them by seq, so those rows are never
+    walked (0: no served type has waiting rows). None walks the seq index.
+    """
+    table = _table_for(dialect)
+    scope = f" AND {_scope_filter(dialect, 'e')}" if scoped else ""
+    where = (
+        f"{ACTIVE_PREDICATE} AND {UNORDERED_PREDICATE} "
+        f"AND NOT EXISTS (SELECT 1 FROM abandoned) AND {_DUE}{scope}"
+    )
+    if per_type == 0:
+        return "unordered AS (SELECT e.id FROM outbox_events AS e WHERE 1 = 0)"
+    if per_type is None:
+        return f"""unordered AS (
+    SELECT e.id FROM {table("unordered", "e")}
+    WHERE {where}
+    ORDER BY e.seq LIMIT {limit}{lock}
+)"""
+    ranges = "\n    UNION ALL ".join(
+        f"SELECT * FROM (SELECT e.id, e.seq FROM {table('unordered_type', 'e')} "
+        f"WHERE e.event_type = :type_{i} AND {where} "
+        f"ORDER BY e.seq LIMIT {limit}{lock}) AS r{i}"
+        for i in range(per_type)
+    )
+    return f"""unordered AS (
+    SELECT u.id FROM (
+    {ranges}
+    ) AS u ORDER BY u.seq LIMIT {limit}
+)"""
+
+
+def _claim_sql(
+    dialect: str, ordered_first: bool, scoped: bool = False, per_type: int | None = None
+) -> str:
     lock = " FOR UPDATE OF e SKIP LOCKED" if dialect == "postgresql" else ""
     table = _table_for(dialect)
     unfinished = _UNFINISHED_KEYED
     first, second = ("ordered", "unordered") if ordered_first else ("unordered", "ordered")
     limits = {first: ":batch", second: f"(:batch - (SELECT count(*) FROM {first}))"}
+    scope = f" AND {_scope_filter(dialect, 'e')}" if scoped else ""
     return f"""
 WITH RECURSIVE
 abandoned AS (
     SELECT e.id FROM {table("leased", "e")}
-    WHERE e.{IN_FLIGHT_PREDICATE} AND e.locked_until < :now
+    WHERE e.{IN_FLIGHT_PREDICATE} AND e.locked_until < :now{scope}
     ORDER BY e.locked_until LIMIT 1{lock}
 ),
 {_key_walk(table, unfinished)},
@@ -222,7 +326,7 @@ heads AS (
 ),
 ordered AS (
     SELECT e.id FROM heads CROSS JOIN outbox_events AS e
-    WHERE e.id = heads.id AND NOT EXISTS (SELECT 1 FROM abandoned) AND {_DUE}
+    WHERE e.id = heads.id AND NOT EXISTS (SELECT 1 FROM abandoned) AND {_DUE}{scope}
     AND (
         SELECT 1 FROM {table("key_in_flight", "f")}
         WHERE f.ordering_key = e.ordering_key AND {KEYED_PREDICATE} AND {IN_FLIGHT_PREDICATE}
@@ -230,12 +334,7 @@ ordered AS (
     ) IS NULL
     LIMIT {limits["ordered"]}{lock}
 ),
-unordered AS (
-    SELECT e.id FROM {table("unordered", "e")}
-    WHERE {ACTIVE_PREDICATE} AND {UNORDERED_PREDICATE}
-    AND NOT EXISTS (SELECT 1 FROM abandoned) AND {_DUE}
-    ORDER BY e.seq LIMIT {limits["unordered"]}{lock}
-)
+{_unordered_cte(dialect, limits["unordered"], lock, scoped, per_type)}
 UPDATE outbox_events SET
     status = 'publishing',
     locked_by = :dispatcher_id,
@@ -251,19 +350,43 @@ WHERE id IN (
 
 
 @functools.cache
-def _claim_statement(dialect: str, ordered_first: bool) -> TextualSelect:
+def _claim_statement(
+    dialect: str, ordered_first: bool, scoped: bool = False, per_type: int | None = None
+) -> TextualSelect:
     returned = [c for c in t.c if c.name != "payload"]
     returning = ", ".join(c.name for c in returned) + ", payload"
+    params: list[BindParameter[Any]] = [
+        bindparam("now", type_=UtcDateTime()),
+        bindparam("locked_until", type_=UtcDateTime()),
+    ]
     if dialect == "postgresql":
         returning = returning.replace("payload", "payload::text AS payload")
+        if scoped:
+            params += [
+                bindparam("scope_types", type_=ARRAY(Text)),
+                bindparam("scope_pairs", type_=ARRAY(Text)),
+            ]
     return (
-        text(_claim_sql(dialect, ordered_first) + "RETURNING " + returning)
-        .bindparams(
-            bindparam("now", type_=UtcDateTime()),
-            bindparam("locked_until", type_=UtcDateTime()),
-        )
+        text(_claim_sql(dialect, ordered_first, scoped, per_type) + "RETURNING " + returning)
+        .bindparams(*params)
         .columns(*returned, column("payload", Text))
     )
+
+
+async def _per_type_plan(conn: AsyncConnection, scope: ClaimScope | None) -> list[str] | None:
+    """The served types to read one by one, or None to walk the seq index (_unordered_cte).
+
+    Ranges per type pay off only while rows of types outside the scope wait: then
+    walking the seq index would step over all of them on every claim.
+    """
+    if scope is None:
+        return None
+    waiting = set((await conn.execute(_waiting_types_statement(conn.dialect.name))).scalars())
+    paused_waiting = {t for t, _tenant in scope.paused_pairs if t in waiting}
+    if waiting <= scope.types and not paused_waiting:
+        return None
+    served = sorted(waiting & scope.types)
+    return served if len(served) <= _PER_TYPE_LIMIT else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,6 +407,7 @@ async def claim_batch(
     key_cursor: str = "",
     ordered_first: bool = True,
     walk_limit: int | None = None,
+    scope: ClaimScope | None = None,
 ) -> ClaimedBatch:
     """Claim up to ``batch_size`` due rows in one statement (see ``_claim_sql``).
 
@@ -297,10 +421,20 @@ async def claim_batch(
     next time, or starts over when this walk reached the last key. A walk visits
     at most ``walk_limit`` keys (default: 4 x batch, at least 100), so many blocked
     keys cost bounded work per claim.
+
+    ``scope`` (None: every row) limits the claim to the event types the dispatcher
+    can deliver, without pauses; rows outside it are left untouched (ClaimScope).
     """
     walk_limit = walk_limit or max(4 * batch_size, 100)
-    stmt = _claim_statement(conn.dialect.name, ordered_first)
+    dialect = conn.dialect.name
+    if scope is not None and not scope.types:
+        return ClaimedBatch([], key_cursor)  # serves nothing now (all paused): claim nothing
+    per_type = await _per_type_plan(conn, scope)
+    ranges = None if per_type is None else len(per_type)
+    stmt = _claim_statement(dialect, ordered_first, scope is not None, ranges)
     params = {
+        **(_scope_params(dialect, scope) if scope is not None else {}),
+        **{f"type_{i}": name for i, name in enumerate(per_type or ())},
         "now": now,
         "locked_until": now + lease,
         "dispatcher_id": dispatcher_id,

@@ -100,6 +100,7 @@ def heartbeat_record(hb: HeartbeatView) -> dict[str, Any]:
         "iterations": hb.iterations,
         "totals": {name: hb.total(name) for name in HEARTBEAT_TOTALS},
         "waiting_for": hb.waiting_for,
+        "serves": hb.serves,
     }
 
 
@@ -122,6 +123,16 @@ def stats_record(snapshot: OverviewSnapshot, database_url: str) -> dict[str, Any
         "oldest_blocked_head_at": iso(snapshot.oldest_blocked_head_at),
         "oldest_blocked_head_age_seconds": seconds(snapshot.oldest_blocked_head_age_seconds),
         "heartbeats": [heartbeat_record(hb) for hb in snapshot.heartbeats],
+        # Waiting events of types no live dispatcher serves: they stay pending.
+        "unserved": [
+            {
+                "event_type": u.event_type,
+                "count": u.count,
+                "oldest_created_at": iso(u.oldest_created_at),
+                "oldest_age_seconds": seconds(u.oldest_age_seconds),
+            }
+            for u in snapshot.unserved
+        ],
     }
 
 
@@ -308,6 +319,13 @@ def stats_tables(snapshot: OverviewSnapshot, database_url: str) -> list[Table | 
     )
     overview.add_row("oldest blocked head age", age(record["oldest_blocked_head_age_seconds"]))
     tables: list[Table | Text] = [overview]
+    if record["unserved"]:
+        unserved = Table(title="no dispatcher serves these (they wait)", title_justify="left")
+        for name in ("event type", "waiting", "oldest"):
+            unserved.add_column(name)
+        for u in record["unserved"]:
+            unserved.add_row(u["event_type"], str(u["count"]), age(u["oldest_age_seconds"]))
+        tables.append(unserved)
     if not record["heartbeats"]:
         tables.append(Text("no dispatcher heartbeats yet (none has run against this database)"))
         return tables

@@ -122,3 +122,14 @@ async def db(database_url: str) -> AsyncIterator[AsyncEngine]:
     finally:
         await engine.dispose()
 
+
+
+# Fixtures that stop or restart a service every test shares: such tests run alone, after
+# the parallel part of `make test` (scripts/test.sh), never beside a test using it.
+SERVICE_CONTROL_FIXTURES = {"broker"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if SERVICE_CONTROL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.serial)

@@ -320,7 +320,7 @@ class MainScreen(Screen[None]):
         self._last_published = published
         self.last_snapshot = snap
         self.query_one(OverviewPanel).show(snap, list(self.throughput))
-        self.query_one(DispatchersPanel).show(snap.heartbeats)
+        self.query_one(DispatchersPanel).show(snap.heartbeats, snap.unserved)
         if message.generation == self._generation:
             self._show_page(message.page, snap.taken_at)
         self.refreshes += 1

@@ -10,7 +10,7 @@ from textual.containers import Vertical
 from textual.content import Content
 from textual.widgets import DataTable, Static
 
-from engine.insights import HeartbeatView
+from engine.insights import HeartbeatView, UnservedType
 from outbox_tui.widgets.format import count, duration, heartbeat_state_text
 
 COLUMNS = (
@@ -46,9 +46,21 @@ class DispatchersPanel(Vertical):
             id="no-dispatchers",
         )
 
-    def show(self, heartbeats: Sequence[HeartbeatView]) -> None:
+    def show(
+        self, heartbeats: Sequence[HeartbeatView], unserved: Sequence[UnservedType] = ()
+    ) -> None:
         alive = sum(1 for hb in heartbeats if hb.state == "alive")
         self.border_title = Content(f"Dispatchers · {alive} alive of {len(heartbeats)}")
+        # Events no live dispatcher claims wait silently otherwise: say so where the
+        # operator looks for "who delivers what".
+        self.border_subtitle = (
+            Content.from_markup(
+                "[b $warning]no dispatcher serves[/] $types",
+                types=", ".join(f"{u.event_type} ({count(u.count)})" for u in unserved),
+            )
+            if unserved
+            else None
+        )
         table = self.query_one(DataTable)
         table.clear()
         for hb in heartbeats:

@@ -32,6 +32,7 @@ STATS_KEYS = {
     "oldest_blocked_head_at",
     "oldest_blocked_head_age_seconds",
     "heartbeats",
+    "unserved",
 }
 DEAD_LETTER_KEYS = {
     "id",

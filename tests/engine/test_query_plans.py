@@ -108,3 +108,32 @@ async def test_blocked_heads_are_found_through_the_stalled_index(db):
     _assert_no_table_scan(plan)
     assert "ix_outbox_events_key_stalled" in plan
     assert "ix_outbox_events_key_order" in plan
+
+
+async def test_a_scoped_claim_reads_one_range_per_served_type(db, clock):
+    """While rows of other types wait, the unordered claim never walks them."""
+    if db.dialect.name == "postgresql":
+        async with db.begin() as conn:
+            await conn.exec_driver_sql(
+                "INSERT INTO outbox_events (id, tenant_id, event_type, event_version, "
+                "aggregate_type, aggregate_id, payload) "
+                "SELECT 'e' || i, 't', CASE WHEN i % 10 = 0 THEN 'a' ELSE 'unserved' END, 1, "
+                "'o', 'a', '{}' FROM generate_series(1, 20000) AS i"
+            )
+            await conn.exec_driver_sql("ANALYZE outbox_events")
+    sql = store._claim_sql(db.dialect.name, True, scoped=True, per_type=2)
+    params = {
+        **store._scope_params(db.dialect.name, store.ClaimScope(frozenset({"a", "b"}))),
+        "type_0": "a",
+        "type_1": "b",
+        "now": clock(),
+        "locked_until": clock(),
+        "dispatcher_id": "d",
+        "batch": 100,
+        "key_cursor": "",
+        "walk_limit": 400,
+    }
+    plan = await _text_plan(db, sql, params)
+    _assert_no_table_scan(plan)
+    assert "ix_outbox_events_unordered_type" in plan, plan
+    assert "ix_outbox_events_unordered " not in plan + " ", plan
