@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING
 from rich.text import Text
 from textual import events, on, work
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.content import Content
 from textual.coordinate import Coordinate
@@ -33,6 +32,7 @@ from engine.errors import OutboxError
 from engine.insights import BlockedKey, EventFilter, EventPage, EventSummary, OverviewSnapshot
 from engine.replay import replay_dead_letter, skip_dead_letter
 from engine.schema import DEAD_LETTER, PUBLISHED
+from outbox_tui.actions import bindings
 from outbox_tui.dispatch_control import DispatchExit, describe_summary
 from outbox_tui.messages import (
     ActionFailed,
@@ -165,24 +165,7 @@ class MainScreen(Screen[None]):
     """Everything on one screen; the bindings here are the console's verbs."""
 
     COMMANDS = {ConsoleCommands}  # noqa: RUF012 - Textual's declaration style
-    BINDINGS = [  # noqa: RUF012 - Textual's declaration style
-        Binding("e", "show_events", "Events", id="events"),
-        Binding("d", "show_dead_letters", "Dead letters", id="dead-letters"),
-        Binding("b", "show_blocked_keys", "Blocked keys", id="blocked-keys"),
-        Binding("slash", "filter", "Filter", id="filter"),
-        Binding("w", "show_key_events", "Key's events", id="key-events", show=False),
-        Binding("r", "replay_one", "Replay", id="replay"),
-        Binding("R", "replay_matching", "Replay all", id="replay-all"),
-        Binding("k", "skip_dead_letter", "Skip", id="skip"),
-        Binding("s", "start_dispatch", "Start dispatch", id="start-dispatch"),
-        Binding("s", "stop_dispatch", "Stop dispatch", id="stop-dispatch"),
-        Binding("right_square_bracket", "older_page", "Older", id="older"),
-        Binding("left_square_bracket", "newer_page", "Newer", id="newer"),
-        Binding("home", "first_page", "Newest", show=False),
-        # Shown on the detail pane's border instead: the footer is full.
-        Binding("escape", "close_detail", "Close detail", id="close-detail", show=False),
-        Binding("ctrl+r", "refresh_now", "Refresh", show=False),
-    ]
+    BINDINGS = bindings(app=False)
 
     mode: reactive[str] = reactive(EVENTS, bindings=True)
     detail_open: reactive[bool] = reactive(False, bindings=True)
