@@ -32,6 +32,12 @@ def _silence_stdout() -> None:
         os.dup2(devnull, sys.stdout.fileno())
 
 
+def _closed_pipe(exc: BaseException) -> bool:
+    """A write to stdout failed inside a database block, which reports it as a storage error."""
+    cause = exc.__cause__ or exc.__context__
+    return isinstance(cause, BrokenPipeError)
+
+
 def run_guarded(body: Callable[[], int], out: Output) -> int:
     """Run a command; every failure is one line on ``out``'s stderr and an exit status."""
     try:
@@ -40,6 +46,9 @@ def run_guarded(body: Callable[[], int], out: Output) -> int:
         out.error(str(exc))
         return EXIT_USAGE
     except OutboxError as exc:
+        if _closed_pipe(exc):
+            _silence_stdout()
+            return EXIT_OK
         out.error(str(exc) or type(exc).__name__)
         return exit_status(exc)
     except BrokenPipeError:
