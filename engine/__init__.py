@@ -3,51 +3,115 @@
 Business rows and outbox events commit in one transaction; a dispatcher claims
 due events under a lease, hands them to idempotent handlers (or a broker
 relay) and records each outcome behind a fencing token.
+
+This module is the public API: producing (``unit_of_work``, publisher,
+registry), running (``run_dispatcher``, ``load_settings``), operating
+(``OutboxInsights`` and its types, replay and skip) and every error class,
+all under ``OutboxError``.
 """
 
 from engine.backoff import BackoffPolicy
-from engine.context import TaskContext
+from engine.context import TaskContext, current_task_context
 from engine.database import create_engine, create_schema, mask_url
 from engine.dispatcher import DispatchResult, OutboxDispatcher
 from engine.domain import AggregateRoot
 from engine.envelope import EventEnvelope
 from engine.errors import (
+    BrokerUnavailableError,
+    ConfigurationError,
+    DatabaseUnavailableError,
+    DatabaseUrlError,
+    DomainEventError,
     EventHandlerPermanentError,
+    EventNotFoundError,
+    EventRegistrationError,
     EventValidationError,
+    InstalledAppError,
+    NothingToDeliverError,
     OutboxError,
     OutboxTransactionError,
     ReplayError,
+    SchemaMissingError,
+    SchemaOutdatedError,
+    StorageError,
+    TenantMismatchError,
+    UnknownEventTypeError,
 )
 from engine.idempotency import IdempotencyStore
+from engine.insights import (
+    BlockedKey,
+    EventDetail,
+    EventFilter,
+    EventPage,
+    EventSummary,
+    HeartbeatView,
+    MatchSummary,
+    OutboxInsights,
+    OverviewSnapshot,
+)
 from engine.publisher import OutboxEventPublisher
 from engine.registry import EventRegistry, EventSchemaSpec, Ordering
-from engine.replay import replay_dead_letter, skip_dead_letter
+from engine.replay import ReplayResult, SkipResult, replay_dead_letter, skip_dead_letter
+from engine.runner import RunSummary, build_dispatcher, run_dispatcher
 from engine.schema import metadata
+from engine.settings import DispatcherSettings, OutboxSettings, load_settings
 from engine.side_effects import run_event_side_effect
 from engine.uow import unit_of_work
 
 __all__ = [
     "AggregateRoot",
     "BackoffPolicy",
+    "BlockedKey",
+    "BrokerUnavailableError",
+    "ConfigurationError",
+    "DatabaseUnavailableError",
+    "DatabaseUrlError",
     "DispatchResult",
+    "DispatcherSettings",
+    "DomainEventError",
+    "EventDetail",
     "EventEnvelope",
+    "EventFilter",
     "EventHandlerPermanentError",
+    "EventNotFoundError",
+    "EventPage",
+    "EventRegistrationError",
     "EventRegistry",
     "EventSchemaSpec",
+    "EventSummary",
     "EventValidationError",
+    "HeartbeatView",
     "IdempotencyStore",
+    "InstalledAppError",
+    "MatchSummary",
+    "NothingToDeliverError",
     "Ordering",
     "OutboxDispatcher",
     "OutboxError",
     "OutboxEventPublisher",
+    "OutboxInsights",
+    "OutboxSettings",
     "OutboxTransactionError",
+    "OverviewSnapshot",
     "ReplayError",
+    "ReplayResult",
+    "RunSummary",
+    "SchemaMissingError",
+    "SchemaOutdatedError",
+    "SkipResult",
+    "StorageError",
     "TaskContext",
+    "TenantMismatchError",
+    "UnknownEventTypeError",
+    "build_dispatcher",
     "create_engine",
     "create_schema",
+    "current_task_context",
+    "load_settings",
     "mask_url",
     "metadata",
     "replay_dead_letter",
+    "run_dispatcher",
     "run_event_side_effect",
     "skip_dead_letter",
     "unit_of_work",

@@ -19,6 +19,18 @@ class DatabaseUrlError(ConfigurationError):
     """The database URL cannot be parsed or names an unsupported driver."""
 
 
+class InstalledAppError(ConfigurationError):
+    """An installed app could not be imported or registered."""
+
+
+class NothingToDeliverError(ConfigurationError):
+    """A dispatcher would have nothing to deliver the events with (no handlers, no relay)."""
+
+
+class BrokerUnavailableError(OutboxError):
+    """RabbitMQ cannot be reached (the message names the masked URL)."""
+
+
 class StorageError(OutboxError):
     """The database could not be reached or refused an operation."""
 
@@ -67,7 +79,7 @@ class EventNotFoundError(OutboxError):
     """No outbox event has the given id."""
 
 
-class EventHandlerPermanentError(Exception):
+class EventHandlerPermanentError(OutboxError):
     """Raised by a handler when retrying can never succeed.
 
     The dispatcher dead-letters the event at once and keeps the permanent

@@ -2,27 +2,24 @@
 
 Counters are fed by ``observe_round`` (the ``DispatchObserver`` protocol), so
 they count what this process did. Gauges describe the whole outbox and come
-from one indexed query in ``refresh_gauges``, which the run loop calls at most
-every ``housekeeping_seconds`` (not every round). Each ``OutboxMetrics`` owns
+from ``OutboxInsights.overview``, the figures ``stats`` prints, in
+``refresh_gauges``, which the run loop calls at most every
+``housekeeping_seconds`` (not every round). Each ``OutboxMetrics`` owns
 its ``CollectorRegistry`` unless given one, so several instances (tests, two
 dispatchers in one console) never collide in prometheus-client's global one.
 """
 
 from __future__ import annotations
 
-from datetime import datetime
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
-from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from engine.clock import Clock, as_utc, utc_now
-from engine.database import read_only_engine
+from engine.clock import Clock, utc_now
 from engine.dispatcher import DispatchResult
-from engine.schema import DEAD_LETTER, FAILED, PENDING, PUBLISHING, outbox_events
-
-t = outbox_events
+from engine.insights import OutboxInsights
+from engine.schema import DEAD_LETTER, FAILED, PENDING, PUBLISHING
 
 
 class OutboxMetrics:
@@ -89,29 +86,14 @@ class OutboxMetrics:
         self.storage_errors.inc()
 
     async def refresh_gauges(self, engine: AsyncEngine) -> None:
-        """Set the gauges from the database (counts by status use ix_outbox_events_status_id)."""
-        watched = (PENDING, FAILED, PUBLISHING, DEAD_LETTER)
-        async with read_only_engine(engine).connect() as conn:
-            counts = {
-                status: int(count)
-                for status, count in await conn.execute(
-                    select(t.c.status, func.count())
-                    .where(t.c.status.in_(watched))
-                    .group_by(t.c.status)
-                )
-            }
-            oldest: datetime | None = (
-                await conn.execute(select(func.min(t.c.created_at)).where(t.c.status == PENDING))
-            ).scalar_one()
+        """Set the gauges from the same overview ``stats`` and the console show."""
+        snapshot = await OutboxInsights(engine, clock=self._clock).overview()
+        counts = snapshot.counts
         self.pending.set(counts.get(PENDING, 0))
         self.retrying.set(counts.get(FAILED, 0))
         self.publishing.set(counts.get(PUBLISHING, 0))
         self.dead_letter.set(counts.get(DEAD_LETTER, 0))
-        if oldest is None:
-            self.oldest_pending_age.set(0)
-        else:  # min() keeps the column's type, so this is an aware datetime on every backend
-            age = (self._clock() - as_utc(oldest)).total_seconds()
-            self.oldest_pending_age.set(max(0.0, age))
+        self.oldest_pending_age.set(snapshot.oldest_pending_age_seconds or 0.0)
 
 
 def serve_metrics(port: int, registry: CollectorRegistry, *, host: str = "127.0.0.1") -> WSGIServer:

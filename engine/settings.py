@@ -43,7 +43,8 @@ _HOUR = 3600.0
 _TEN_YEARS = 10 * 365 * 24 * _HOUR
 _NONE_WORDS = {"", "none", "null", "off", "keep", "never"}
 
-Seconds = Annotated[float, Field(gt=0, le=_HOUR)]
+DEFAULT_EXCHANGE = "outbox.events"
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 
 
 class DispatcherSettings(BaseModel):
@@ -51,40 +52,119 @@ class DispatcherSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    batch_size: Annotated[int, Field(ge=1, le=1000)] = 100
-    # Events of a batch delivered at once (handlers awaiting I/O overlap), and how long one
-    # handler may run before it counts as a transient failure (below lease_seconds).
-    max_concurrency: Annotated[int, Field(ge=1, le=10_000)] = DEFAULT_MAX_CONCURRENCY
-    # None: DEFAULT_HANDLER_TIMEOUT (10 s), or half the lease when the lease is shorter.
-    handler_timeout_seconds: Seconds | None = None
-    idle_sleep_seconds: Seconds = 1.0
-    lease_seconds: Seconds = 30.0
-    # None: each row's own max_attempts; a number overrides every row's budget.
-    max_attempts: Annotated[int | None, Field(ge=1, le=1000)] = None
-    backoff_kind: Literal["exponential", "fixed"] = "exponential"
-    backoff_base_seconds: Annotated[float, Field(ge=0, le=24 * _HOUR)] = 5.0
-    backoff_max_seconds: Annotated[float, Field(ge=0, le=24 * _HOUR)] = 300.0
-    backoff_jitter: Annotated[float, Field(ge=0, le=1)] = 0.1
-    # None keeps published rows forever; 0 deletes them right after they are published.
-    retention_seconds: Annotated[float | None, Field(ge=0, le=_TEN_YEARS)] = 7 * 24 * _HOUR
-    retention_batch_size: Annotated[int, Field(ge=1, le=100_000)] = 500
-    # Heartbeat rows of processes not seen for this long are deleted (None keeps them).
-    heartbeat_retention_seconds: Annotated[float | None, Field(gt=0, le=_TEN_YEARS)] = (
-        7 * 24 * _HOUR
-    )
-    use_lock: bool = False
-    wakeup: Literal["auto", "off"] = "auto"
-    wakeup_channel: Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_]{0,62}$")] = "outbox_events"
-    # Producers: at most one wake-up notification per process per this many milliseconds.
-    notify_interval_ms: Annotated[float, Field(ge=0, le=60_000)] = 100.0
-    # Longest gap between heartbeats while idle, and the shortest while busy (0 = every round).
-    heartbeat_seconds: Seconds = 5.0
-    heartbeat_min_interval_seconds: Annotated[float, Field(ge=0, le=_HOUR)] = 1.0
-    # How often the loop refreshes metric gauges and looks for rows to purge.
-    housekeeping_seconds: Seconds = 5.0
-    # After a storage error the loop waits this long, doubling up to the max.
-    storage_retry_initial_seconds: Seconds = 0.5
-    storage_retry_max_seconds: Seconds = 30.0
+    batch_size: Annotated[
+        int, Field(ge=1, le=1000, description="events claimed per round (default 100)")
+    ] = 100
+    max_concurrency: Annotated[
+        int,
+        Field(
+            ge=1,
+            le=10_000,
+            description="events of a batch delivered at once (default 200); handlers that "
+            "await I/O overlap",
+        ),
+    ] = DEFAULT_MAX_CONCURRENCY
+    handler_timeout_seconds: Annotated[
+        float | None,
+        Field(
+            gt=0,
+            le=_HOUR,
+            description="how long one handler may run before it counts as a transient "
+            "failure (default 10, or half the lease when that is shorter; below "
+            "--lease-seconds)",
+        ),
+    ] = None
+    idle_sleep_seconds: Annotated[
+        float, Field(gt=0, le=_HOUR, description="sleep between rounds that found nothing")
+    ] = 1.0
+    lease_seconds: Annotated[
+        float,
+        Field(gt=0, le=_HOUR, description="how long a claim is held before others may take it"),
+    ] = 30.0
+    max_attempts: Annotated[
+        int | None,
+        Field(
+            ge=1,
+            le=1000,
+            description="attempt budget for every row this dispatcher handles (default: each "
+            "row's own max_attempts, 10 unless published otherwise)",
+        ),
+    ] = None
+    backoff_kind: Annotated[
+        Literal["exponential", "fixed"], Field(description="how retry waits grow")
+    ] = "exponential"
+    backoff_base_seconds: Annotated[
+        float, Field(ge=0, le=24 * _HOUR, description="the first retry wait")
+    ] = 5.0
+    backoff_max_seconds: Annotated[
+        float, Field(ge=0, le=24 * _HOUR, description="the longest retry wait")
+    ] = 300.0
+    backoff_jitter: Annotated[
+        float, Field(ge=0, le=1, description="random spread of retry waits (fraction)")
+    ] = 0.1
+    retention_seconds: Annotated[
+        float | None,
+        Field(
+            ge=0,
+            le=_TEN_YEARS,
+            description="delete published rows after this long (none keeps them; 0 at once)",
+        ),
+    ] = 7 * 24 * _HOUR
+    retention_batch_size: Annotated[
+        int, Field(ge=1, le=100_000, description="rows deleted per retention statement")
+    ] = 500
+    heartbeat_retention_seconds: Annotated[
+        float | None,
+        Field(
+            gt=0,
+            le=_TEN_YEARS,
+            description="delete heartbeat rows of processes not seen for this long (none keeps)",
+        ),
+    ] = 7 * 24 * _HOUR
+    use_lock: Annotated[
+        bool,
+        Field(
+            description="take the cross-process dispatch lock around each claim",
+            json_schema_extra={"flag": "--lock"},
+        ),
+    ] = False
+    wakeup: Annotated[
+        Literal["auto", "off"],
+        Field(description="wake idle dispatchers by LISTEN/NOTIFY on PostgreSQL"),
+    ] = "auto"
+    wakeup_channel: Annotated[
+        str,
+        Field(pattern=r"^[a-z_][a-z0-9_]{0,62}$", description="the LISTEN/NOTIFY channel"),
+    ] = "outbox_events"
+    notify_interval_ms: Annotated[
+        float,
+        Field(
+            ge=0,
+            le=60_000,
+            description="producers notify at most once per process per this many ms",
+        ),
+    ] = 100.0
+    heartbeat_seconds: Annotated[
+        float, Field(gt=0, le=_HOUR, description="longest gap between heartbeats while idle")
+    ] = 5.0
+    heartbeat_min_interval_seconds: Annotated[
+        float,
+        Field(
+            ge=0,
+            le=_HOUR,
+            description="shortest gap between heartbeats while busy (0: every round)",
+        ),
+    ] = 1.0
+    housekeeping_seconds: Annotated[
+        float,
+        Field(gt=0, le=_HOUR, description="how often metric gauges and retention run"),
+    ] = 5.0
+    storage_retry_initial_seconds: Annotated[
+        float, Field(gt=0, le=_HOUR, description="first wait after a storage error")
+    ] = 0.5
+    storage_retry_max_seconds: Annotated[
+        float, Field(gt=0, le=_HOUR, description="longest wait after storage errors")
+    ] = 30.0
 
     @field_validator(
         "retention_seconds", "max_attempts", "heartbeat_retention_seconds", mode="before"
@@ -121,6 +201,25 @@ class DispatcherSettings(BaseModel):
         return self
 
 
+class ConsoleSettings(BaseModel):
+    """How the console polls."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    refresh_seconds: Annotated[
+        float,
+        Field(
+            gt=0,
+            le=_HOUR,
+            description="console refresh interval (default 1)",
+            json_schema_extra={"flag": "--refresh"},
+        ),
+    ] = 1.0
+    page_size: Annotated[
+        int, Field(ge=1, le=1000, description="events per console page (default 100)")
+    ] = 100
+
+
 class OutboxSettings(BaseSettings):
     """Everything a process of this project reads from its environment."""
 
@@ -132,34 +231,57 @@ class OutboxSettings(BaseSettings):
         frozen=True,
     )
 
-    database_url: str = DEFAULT_DATABASE_URL
-    dispatcher: DispatcherSettings = Field(default_factory=DispatcherSettings)
+    database_url: Annotated[
+        str,
+        Field(description=f"outbox database (default {DEFAULT_DATABASE_URL}); never printed"),
+    ] = DEFAULT_DATABASE_URL
+    amqp_url: Annotated[
+        str | None,
+        Field(description="relay events to RabbitMQ instead of running handlers"),
+    ] = None
+    exchange: Annotated[
+        str, Field(min_length=1, description=f"RabbitMQ exchange (default {DEFAULT_EXCHANGE})")
+    ] = DEFAULT_EXCHANGE
+    # None: WARNING, or INFO for the dispatcher loop.
+    log_level: Annotated[
+        LogLevel | None,
+        Field(
+            description="DEBUG, INFO, WARNING, ERROR, CRITICAL (default WARNING, INFO for dispatch)"
+        ),
+    ] = None
+    console: ConsoleSettings = Field(default_factory=lambda: ConsoleSettings())
+    dispatcher: DispatcherSettings = Field(default_factory=lambda: DispatcherSettings())
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper(cls, value: Any) -> Any:
+        return value.strip().upper() or None if isinstance(value, str) else value
+
+    @field_validator("amqp_url", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: Any) -> Any:
+        return None if value == "" else value
+
+
+_SECTIONS: dict[str, type[BaseModel]] = {
+    "dispatcher": DispatcherSettings,
+    "console": ConsoleSettings,
+}
 
 
 def load_settings(**overrides: Any) -> OutboxSettings:
     """Settings from the environment, with explicit (non-None) ``overrides`` on top.
 
-    Overrides are top-level names (``database_url``), dispatcher fields by their
-    own name (``batch_size=7``), or ``dispatcher={...}``. Raises
-    ``ConfigurationError`` with one line naming the setting; an unknown keyword
-    is a programming error (``TypeError``).
+    Overrides are top-level names (``database_url``), fields of a section by
+    their own name (``batch_size=7``, ``refresh_seconds=2``), or a whole section
+    (``dispatcher={...}``). Raises ``ConfigurationError`` with one line naming
+    the variable and the flag; an unknown keyword is a programming error
+    (``TypeError``).
     """
-    init: dict[str, Any] = {}
-    dispatcher: dict[str, Any] = {}
-    for key, value in overrides.items():
-        if value is None:
-            continue
-        if key == "dispatcher":
-            given = value.model_dump(exclude_unset=True) if isinstance(value, BaseModel) else value
-            dispatcher.update({k: v for k, v in dict(given).items() if v is not None})
-        elif key in OutboxSettings.model_fields:
-            init[key] = value
-        elif key in DispatcherSettings.model_fields:
-            dispatcher[key] = value
-        else:
-            raise TypeError(f"load_settings() got an unexpected keyword argument {key!r}")
-    if dispatcher:
-        init["dispatcher"] = dispatcher
+    return _validated(_init_values(overrides))
+
+
+def _validated(init: dict[str, Any]) -> OutboxSettings:
     try:
         settings = OutboxSettings(**init)
     except ValidationError as exc:
@@ -171,16 +293,77 @@ def load_settings(**overrides: Any) -> OutboxSettings:
     return settings
 
 
+def load_settings_for_reading(**overrides: Any) -> tuple[OutboxSettings, str | None]:
+    """Like ``load_settings``, but a bad dispatcher setting is returned, not raised.
+
+    A read-only look during an incident (``stats``, the dead-letter commands)
+    must not fail on a setting only the dispatcher uses: the dispatcher section
+    then falls back to its defaults and the problem comes back as the second item.
+    """
+    try:
+        return load_settings(**overrides), None
+    except ConfigurationError as exc:
+        if DISPATCHER_PREFIX not in str(exc) or isinstance(exc, DatabaseUrlError):
+            raise
+        problem = str(exc)
+    given = {k: v for k, v in overrides.items() if k in DispatcherSettings.model_fields}
+    others = {k: v for k, v in overrides.items() if k not in given and k != "dispatcher"}
+    init = _init_values(others)
+    try:  # flags given on purpose must still be right
+        explicit = DispatcherSettings(**{k: v for k, v in given.items() if v is not None})
+    except ValidationError as exc:
+        raise ConfigurationError(describe_validation_error(exc, within=("dispatcher",))) from None
+    # A model instance (not a dict) replaces the environment's section instead of merging.
+    init["dispatcher"] = explicit
+    return _validated(init), problem
+
+
+DISPATCHER_PREFIX = f"{ENV_PREFIX}DISPATCHER__"
+
+
+def _init_values(overrides: dict[str, Any]) -> dict[str, Any]:
+    init: dict[str, Any] = {}
+    sections: dict[str, dict[str, Any]] = {}
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key in _SECTIONS:
+            given = value.model_dump(exclude_unset=True) if isinstance(value, BaseModel) else value
+            sections.setdefault(key, {}).update(
+                {k: v for k, v in dict(given).items() if v is not None}
+            )
+        elif key in OutboxSettings.model_fields:
+            init[key] = value
+        else:
+            section = next((n for n, m in _SECTIONS.items() if key in m.model_fields), None)
+            if section is None:
+                raise TypeError(f"load_settings() got an unexpected keyword argument {key!r}")
+            sections.setdefault(section, {})[key] = value
+    for name, values in sections.items():
+        if values:
+            init[name] = values
+    return init
+
+
+def flag_of(loc: tuple[str, ...]) -> str:
+    """The command-line flag of a setting: ``--lock`` for ``("dispatcher", "use_lock")``."""
+    field = _field_info(loc)
+    extra = field.json_schema_extra if field is not None else None
+    if isinstance(extra, dict) and isinstance(extra.get("flag"), str):
+        return str(extra["flag"])
+    return "--" + loc[-1].replace("_", "-")
+
+
 def setting_names(loc: tuple[str, ...]) -> str:
     """``OUTBOX_DISPATCHER__BATCH_SIZE / --batch-size`` for ``("dispatcher", "batch_size")``."""
     env = ENV_PREFIX + "__".join(part.upper() for part in loc)
-    return f"{env} / --{loc[-1].replace('_', '-')}"
+    return f"{env} / {flag_of(loc)}"
 
 
-def describe_validation_error(exc: ValidationError) -> str:
-    """The first problem of a settings ``ValidationError`` as one line."""
+def describe_validation_error(exc: ValidationError, *, within: tuple[str, ...] = ()) -> str:
+    """The first problem of a settings ``ValidationError`` (of a section ``within``) as one line."""
     error = exc.errors()[0]
-    loc = tuple(str(part) for part in error["loc"])
+    loc = within + tuple(str(part) for part in error["loc"])
     ctx = error.get("ctx") or {}
     if "setting" in ctx:  # a cross-field rule names the field it blames
         loc = (*loc, str(ctx["setting"]))

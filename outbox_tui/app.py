@@ -6,33 +6,25 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-import aiosqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
-from sqlalchemy.pool import NullPool
 from textual import work
 from textual.app import App
-from textual.binding import Binding
 
 from engine.clock import Clock, utc_now
-from engine.database import (
-    SQLITE_BUSY_TIMEOUT_SECONDS,
-    create_engine,
-    mask_url,
-    parse_database_url,
-)
+from engine.database import mask_url
 from engine.insights import OutboxInsights
+from engine.operations import DispatchSpec, insights_for, load_registry, open_engine
 from engine.registry import EventRegistry
 from engine.replay import default_operator
-from outbox_tui.apps import load_registry
-from outbox_tui.dispatch_control import DispatchControl
+from engine.settings import DEFAULT_EXCHANGE, ConsoleSettings, DispatcherSettings, OutboxSettings
+from outbox_tui.actions import bindings
+from outbox_tui.dispatch_control import DispatchControl, console_instance_id
 from outbox_tui.screens.help import HelpScreen
 from outbox_tui.screens.main import MainScreen
 from outbox_tui.widgets.overview import AgeThresholds
 
-PG_CONNECT_TIMEOUT_SECONDS = 5.0
 DB_CALL_GRACE_SECONDS = 3.0
 T = TypeVar("T")
 
@@ -68,36 +60,12 @@ class BackgroundTraffic(Protocol):
     async def stop(self) -> None: ...
 
 
-def console_engine(database_url: str) -> AsyncEngine:
-    """The console's own engine: it must notice when the database goes away.
-
-    SQLite: no pool (a pooled connection keeps reading a file that was moved or
-    deleted) and ``mode=rw`` (a missing file is an error, never a new empty
-    database). PostgreSQL: a short connect timeout, so an unreachable server is
-    reported in seconds, not minutes.
-    """
-    url = parse_database_url(database_url)
-    if url.get_backend_name() == "sqlite":
-        uri = Path(url.database or "").absolute().as_uri() + "?mode=rw"
-
-        async def connect() -> aiosqlite.Connection:
-            return await aiosqlite.connect(uri, uri=True, timeout=SQLITE_BUSY_TIMEOUT_SECONDS)
-
-        return create_engine(url, poolclass=NullPool, async_creator=connect)
-    return create_engine(
-        url, connect_args={"timeout": PG_CONNECT_TIMEOUT_SECONDS}, pool_size=2, max_overflow=2
-    )
-
-
 class OutboxConsole(App[int]):
     """The operations console. Owns the services; ``MainScreen`` owns the views."""
 
     CSS_PATH = "styles.tcss"
     TITLE = "outbox-tui"
-    BINDINGS = [  # noqa: RUF012 - Textual's declaration style
-        Binding("q", "quit", "Quit", id="quit"),
-        Binding("question_mark", "help", "Help", id="help"),
-    ]
+    BINDINGS = bindings(app=True)
 
     def __init__(
         self,
@@ -152,7 +120,7 @@ class OutboxConsole(App[int]):
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen())
+            self.push_screen(HelpScreen(self.config.page_size))
 
     async def action_quit(self) -> None:
         if self.dispatch.running and not self._quitting:
@@ -188,7 +156,7 @@ def make_app(
     *,
     registry: EventRegistry | None = None,
     clock: Clock | None = None,
-    dispatch_settings: Any = None,
+    dispatch_settings: DispatcherSettings | None = None,
     traffic: BackgroundTraffic | None = None,
     instance_id: str | None = None,
     operator: str | None = None,
@@ -205,30 +173,32 @@ def make_app(
         from engine.settings import load_settings
 
         dispatch_settings = load_settings().dispatcher
-    retention = getattr(dispatch_settings, "retention_seconds", None)
+    # The settings given once: what the dispatcher started by ``s`` and the counts use.
+    settings = OutboxSettings.model_construct(
+        database_url=config.database_url,
+        amqp_url=config.amqp_url,
+        exchange=config.exchange or DEFAULT_EXCHANGE,
+        log_level=None,
+        console=ConsoleSettings(refresh_seconds=config.refresh_seconds, page_size=config.page_size),
+        dispatcher=dispatch_settings,
+    )
     clock = clock or utc_now
-    engine = console_engine(config.database_url)
-    insights = OutboxInsights(
+    engine = open_engine(config.database_url, "console")
+    insights = insights_for(
         engine,
+        dispatch_settings,
         clock=clock,
         recent_window_seconds=config.recent_window_seconds,
         stale_after_seconds=config.stale_after_seconds,
-        retention_seconds=retention,
     )
-    dispatch = DispatchControl(
-        config.database_url,
-        registry,
-        amqp_url=config.amqp_url,
-        exchange=config.exchange,
-        settings=dispatch_settings,
-        instance_id=instance_id,
-        installed_apps=config.installed_apps,
+    spec = DispatchSpec(
+        settings, registry, config.installed_apps, instance_id or console_instance_id()
     )
     return OutboxConsole(
         config,
         engine=engine,
         insights=insights,
-        dispatch=dispatch,
+        dispatch=DispatchControl(spec),
         registry=registry,
         clock=clock,
         traffic=traffic,

@@ -12,99 +12,42 @@ import contextlib
 import logging
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import TextIO
 
 from textual.logging import TextualHandler
 
-from engine.database import (
-    DEFAULT_DATABASE_URL,
-    check_schema,
-    mask_secrets,
-    mask_url,
-    parse_database_url,
+from engine.database import DEFAULT_DATABASE_URL, mask_secrets
+from engine.errors import OutboxError
+from engine.operations import (
+    check_database,
+    dispose,
+    load_registry,
+    open_engine,
+    require_database_file,
 )
-from engine.errors import (
-    DatabaseUnavailableError,
-    OutboxError,
-    SchemaMissingError,
-    SchemaOutdatedError,
-)
-from outbox_tui.app import ConsoleConfig, OutboxConsole, console_engine, make_app
-from outbox_tui.apps import load_registry
+from engine.settings import OutboxSettings
+from outbox_tui.app import ConsoleConfig, OutboxConsole, make_app
 from outbox_tui.demo import DEMO_APPS, DEMO_DATABASE_URL, DemoTraffic, prepare_demo_database
-from outbox_tui.sqlite_workers import settle_sqlite_workers
 
 PROG = "outbox-tui"
-PREFLIGHT_TIMEOUT_SECONDS = 20.0
-
-
-class StartupError(OutboxError):
-    """The console cannot open: the message says why and what to do."""
-
-
-def _sqlite_path(database_url: str) -> Path | None:
-    url = parse_database_url(database_url)
-    if url.get_backend_name() != "sqlite":
-        return None
-    return Path(url.database or "").absolute()
-
-
-def missing_sqlite_file(database_url: str) -> Path | None:
-    """The absolute path of a SQLite URL's file when that file does not exist."""
-    path = _sqlite_path(database_url)
-    return None if path is None or path.exists() else path
 
 
 async def preflight(database_url: str) -> None:
     """Raise a one-line ``OutboxError`` unless the outbox tables answer at ``database_url``."""
-    masked = mask_url(database_url)
-    missing = missing_sqlite_file(database_url)
-    if missing is not None:
-        raise StartupError(
-            f"no SQLite database at {missing}; create it with "
-            f"`{PROG} init-db --database-url {masked}`"
-        )
-    sqlite_path = _sqlite_path(database_url)
-    if sqlite_path is not None and sqlite_path.is_dir():
-        # Said plainly rather than as the driver's "unable to open database file".
-        raise StartupError(f"{sqlite_path} is a directory, not a SQLite database file")
-    engine = console_engine(database_url)
+    require_database_file(database_url)
+    engine = open_engine(database_url, "console")
     try:
-        async with asyncio.timeout(PREFLIGHT_TIMEOUT_SECONDS):
-            await check_schema(engine)
-    except TimeoutError:
-        raise StartupError(
-            f"the database at {masked} did not answer within {PREFLIGHT_TIMEOUT_SECONDS:g}s; "
-            "check that it is running and reachable"
-        ) from None
-    except SchemaMissingError:
-        raise StartupError(
-            f"the outbox tables are missing in {masked}; create them with "
-            f"`{PROG} init-db --database-url {masked}`"
-        ) from None
-    except SchemaOutdatedError:
-        raise StartupError(
-            f"the outbox tables in {masked} are from an earlier version; upgrade them in "
-            f"place with `{PROG} init-db --database-url {masked}`"
-        ) from None
-    except DatabaseUnavailableError as exc:
-        raise StartupError(
-            f"{exc}; check that the database is running and the URL is right"
-        ) from None
+        await check_database(engine)
     finally:
-        await engine.dispose()
-        await settle_sqlite_workers()
+        await dispose(engine)
 
 
 def prepare_console(
+    settings: OutboxSettings,
     *,
-    database_url: str,
     installed_apps: list[str],
-    amqp_url: str | None,
-    exchange: str | None,
-    refresh_seconds: float,
-    demo: bool,
+    app_dir: str | None = None,
+    demo: bool = False,
 ) -> OutboxConsole:
     """Everything before the screen switches: apps, demo database, preflight, the app.
 
@@ -112,25 +55,29 @@ def prepare_console(
     own event loop, so call it outside one (or in a thread).
     """
     traffic = None
+    database_url = settings.database_url
     if demo:
-        if not database_url or database_url == DEFAULT_DATABASE_URL:
+        if database_url == DEFAULT_DATABASE_URL:
             database_url = DEMO_DATABASE_URL
         installed_apps = list(dict.fromkeys([*DEMO_APPS, *installed_apps]))
-        registry = load_registry(installed_apps)
+        registry = load_registry(installed_apps, app_dir=app_dir)
         asyncio.run(prepare_demo_database(database_url, registry))
         traffic = DemoTraffic(database_url, registry)
     else:
-        registry = load_registry(installed_apps)
+        registry = load_registry(installed_apps, app_dir=app_dir)
     asyncio.run(preflight(database_url))
     config = ConsoleConfig(
         database_url=database_url,
         installed_apps=tuple(installed_apps),
-        amqp_url=amqp_url,
-        exchange=exchange,
-        refresh_seconds=refresh_seconds,
+        amqp_url=settings.amqp_url,
+        exchange=settings.exchange,
+        refresh_seconds=settings.console.refresh_seconds,
+        page_size=settings.console.page_size,
         autostart_dispatch=demo,
     )
-    return make_app(config, registry=registry, traffic=traffic)
+    return make_app(
+        config, registry=registry, traffic=traffic, dispatch_settings=settings.dispatcher
+    )
 
 
 @contextlib.contextmanager
@@ -154,28 +101,20 @@ def logging_into_console() -> Iterator[None]:
 
 
 def run_console(
+    settings: OutboxSettings,
     *,
-    database_url: str,
     installed_apps: list[str],
-    amqp_url: str | None,
-    exchange: str,
-    refresh_seconds: float,
-    demo: bool,
+    app_dir: str | None = None,
+    demo: bool = False,
     stderr: TextIO | None = None,
 ) -> int:
     """Open the console; returns the exit status (1 with one line on stderr on failure)."""
     err = stderr or sys.stderr
     try:
-        app = prepare_console(
-            database_url=database_url,
-            installed_apps=installed_apps,
-            amqp_url=amqp_url,
-            exchange=exchange,
-            refresh_seconds=refresh_seconds,
-            demo=demo,
-        )
+        app = prepare_console(settings, installed_apps=installed_apps, app_dir=app_dir, demo=demo)
     except OutboxError as exc:
-        message = mask_secrets(" ".join(str(exc).split()), database_url, amqp_url or "")
+        urls = (settings.database_url, settings.amqp_url or "")
+        message = mask_secrets(" ".join(str(exc).split()), *urls)
         print(f"{PROG}: error: {message}", file=err)
         return 1
     with logging_into_console():

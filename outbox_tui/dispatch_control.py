@@ -16,25 +16,13 @@ import asyncio
 import contextlib
 import os
 import socket
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
-from engine.database import create_engine
-from engine.errors import ConfigurationError, OutboxError
-from engine.registry import EventRegistry
-from engine.runner import RunSummary, build_dispatcher, run_dispatcher
-from engine.settings import DispatcherSettings, load_settings
-from outbox_tui.apps import delivery_problem
-
-if TYPE_CHECKING:
-    from engine.relay.rabbitmq import RabbitMqOutboxPublisher
-
-
-class DispatchUnavailableError(ConfigurationError):
-    """The console was given nothing to dispatch to."""
+from engine.errors import OutboxError
+from engine.operations import DispatchSpec, open_dispatcher, run
+from engine.runner import RunSummary
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,27 +54,16 @@ class DispatchControl:
     """One optional in-process dispatcher: ``start()``, ``stop()``, ``running``."""
 
     def __init__(
-        self,
-        database_url: str,
-        registry: EventRegistry,
-        *,
-        amqp_url: str | None = None,
-        exchange: str | None = None,
-        settings: DispatcherSettings | None = None,
-        instance_id: str | None = None,
-        installed_apps: Sequence[str] = (),
-        on_exit: Callable[[DispatchExit], None] | None = None,
+        self, spec: DispatchSpec, *, on_exit: Callable[[DispatchExit], None] | None = None
     ) -> None:
-        self.database_url = database_url
-        self.registry = registry
-        self.amqp_url = amqp_url
-        self.exchange = exchange
-        self.settings = settings
-        self.instance_id = instance_id or console_instance_id()
-        self.installed_apps = tuple(installed_apps)
+        self.spec = spec
         self.on_exit = on_exit
         self._task: asyncio.Task[RunSummary | None] | None = None
         self._shutdown: asyncio.Event | None = None
+
+    @property
+    def instance_id(self) -> str:
+        return self.spec.dispatcher_id
 
     @property
     def running(self) -> bool:
@@ -95,64 +72,33 @@ class DispatchControl:
     @property
     def target(self) -> str:
         """What the dispatcher delivers to, for the header and toasts."""
-        if self.amqp_url:
-            return "RabbitMQ relay"
-        count = sum(1 for _ in self.registry.all_handlers())
-        return f"{count} handler{'s' if count != 1 else ''}"
+        return self.spec.target
 
     def unavailable_reason(self) -> str | None:
         """Why ``start()`` would refuse, or None when it can start."""
-        return delivery_problem(
-            self.registry, relaying=bool(self.amqp_url), apps=self.installed_apps
-        )
+        return self.spec.problem()
 
     async def start(self) -> None:
         """Connect and start the run loop in the background; raises ``OutboxError``."""
         if self.running:
             return
-        reason = self.unavailable_reason()
-        if reason:
-            raise DispatchUnavailableError(reason)
-        settings = self.settings or load_settings().dispatcher
-        engine = create_engine(self.database_url)
-        publisher = None
+        stack = contextlib.AsyncExitStack()
         try:
-            if self.amqp_url:
-                from engine.relay.rabbitmq import RabbitMqOutboxPublisher
-
-                publisher = (
-                    RabbitMqOutboxPublisher(self.amqp_url, exchange=self.exchange)
-                    if self.exchange
-                    else RabbitMqOutboxPublisher(self.amqp_url)
-                )
-                await publisher.connect()
-            dispatcher = build_dispatcher(
-                engine,
-                self.registry,
-                settings,
-                dispatcher_id=self.instance_id,
-                external_publisher=publisher,
-            )
+            dispatcher = await stack.enter_async_context(open_dispatcher(self.spec))
         except BaseException:
-            if publisher is not None:
-                with contextlib.suppress(Exception):
-                    await publisher.close()
-            await engine.dispose()
+            await stack.aclose()
             raise
         shutdown = asyncio.Event()
         self._shutdown = shutdown
-        loop = run_dispatcher(
-            dispatcher, settings=settings, shutdown=shutdown, instance_id=self.instance_id
-        )
+        loop = run(self.spec, dispatcher, shutdown=shutdown)
         self._task = asyncio.create_task(
-            self._run(loop, engine, publisher, shutdown), name=f"dispatch {self.instance_id}"
+            self._run(loop, stack, shutdown), name=f"dispatch {self.instance_id}"
         )
 
     async def _run(
         self,
         loop: Coroutine[Any, Any, RunSummary],
-        engine: AsyncEngine,
-        publisher: RabbitMqOutboxPublisher | None,
+        stack: contextlib.AsyncExitStack,
         shutdown: asyncio.Event,
     ) -> RunSummary | None:
         summary: RunSummary | None = None
@@ -166,10 +112,8 @@ class DispatchControl:
         except Exception as exc:  # a handler bug escaping the loop must not kill the console
             error = f"{type(exc).__name__}: {exc}"
         finally:
-            if publisher is not None:
-                with contextlib.suppress(Exception):
-                    await publisher.close()
-            await engine.dispose()
+            with contextlib.suppress(Exception):
+                await stack.aclose()
         if self.on_exit is not None:
             self.on_exit(DispatchExit(summary, error, requested=shutdown.is_set()))
         return summary

@@ -63,7 +63,7 @@ from engine.clock import utc_now
 from engine.database import mask_secrets, mask_url
 from engine.dispatcher import ExternalPublishResult
 from engine.envelope import EventEnvelope
-from engine.errors import ConfigurationError, OutboxError
+from engine.errors import BrokerUnavailableError, ConfigurationError, OutboxError
 from engine.relay.cloudevents import (
     CONTENT_TYPE,
     DEFAULT_SOURCE_PREFIX,
@@ -76,10 +76,6 @@ log = logging.getLogger("engine.relay.rabbitmq")
 
 DEFAULT_EXCHANGE = "outbox.events"
 UNAVAILABLE = "broker unavailable"
-
-
-class BrokerUnavailableError(OutboxError):
-    """RabbitMQ cannot be reached (the message names the masked URL)."""
 
 
 class _Outage(Exception):

@@ -1,4 +1,4 @@
-"""``?``: every key of the console, grouped, in one dialog."""
+"""``?``: every key of the console, grouped, in one dialog (from ``outbox_tui.actions``)."""
 
 from __future__ import annotations
 
@@ -10,56 +10,15 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
-KEYS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
-    (
-        "Views",
-        (
-            ("e", "events: every event, newest first"),
-            ("d", "dead letters: events that need an operator"),
-            ("b", "blocked keys: ordering keys held back by a failed or dead head"),
-            ("w", "the undelivered events of the highlighted ordering key"),
-            ("enter", "open the detail of the highlighted event (follows the cursor)"),
-            ("escape", "close the detail"),
-            ("tab", "move between the table and the detail (to scroll it)"),
-            ("↑ ↓ pgup pgdn", "move in the table"),
-            ("] / [", "older / newer page (keyset paging, 100 at a time)"),
-            ("home", "back to the newest page"),
-        ),
-    ),
-    (
-        "Filter",
-        (
-            ("/", "filter by status, event type, tenant, aggregate id, ordering key"),
-            ("ctrl+l", "in the filter dialog: clear every field"),
-        ),
-    ),
-    (
-        "Act",
-        (
-            ("r", "replay the highlighted dead letter (asks first)"),
-            ("R", "replay every dead letter matching the filter (asks first)"),
-            ("k", "skip the highlighted dead letter: its key goes on (asks first)"),
-            ("s", "start or stop the in-process dispatcher (stop asks first)"),
-            ("y / n", "in a confirmation: proceed / cancel (escape cancels too)"),
-        ),
-    ),
-    (
-        "Console",
-        (
-            ("ctrl+r", "refresh now"),
-            ("ctrl+p", "command palette: every action by name"),
-            ("?", "this help"),
-            ("q", "quit (stops the in-process dispatcher gracefully first)"),
-        ),
-    ),
-)
+from outbox_tui.actions import help_rows
 
 
-def keys_table() -> Table:
+def keys_table(page_size: int = 100) -> Table:
+    """Every key, grouped, from the console's action table."""
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold #5fafff", no_wrap=True, min_width=14, justify="right")
     table.add_column()
-    for index, (group, keys) in enumerate(KEYS):
+    for index, (group, keys) in enumerate(help_rows(page_size)):
         if index:
             table.add_row("", "")
         table.add_row("", Text(group, style="bold"))
@@ -77,13 +36,14 @@ class HelpScreen(ModalScreen[None]):
         Binding("q", "close", "Close", show=False),
     ]
 
-    def __init__(self) -> None:
+    def __init__(self, page_size: int = 100) -> None:
         super().__init__(classes="dialog-screen")
+        self.page_size = page_size
 
     def compose(self) -> ComposeResult:
         with Vertical(id="help-dialog", classes="dialog"):
             yield Label("Keys", classes="dialog-title")
-            yield Static(keys_table(), id="help-keys")
+            yield Static(keys_table(self.page_size), id="help-keys")
             yield Static(
                 Text(
                     "Rows change status on the next refresh. The console only reads, except "

@@ -173,7 +173,7 @@ async def test_stats_names_blocked_keys_and_the_oldest_head(
     ("flags", "fragments"),
     [
         (["--max-concurrency", "0"], ["--max-concurrency must be an integer between 1"]),
-        (["--max-concurrency", "many"], ["argument --max-concurrency: invalid int value"]),
+        (["--max-concurrency", "many"], ["--max-concurrency must be an integer", "got many"]),
         (
             ["--handler-timeout-seconds", "45"],
             ["--handler-timeout-seconds must be below lease_seconds (30)", "45"],

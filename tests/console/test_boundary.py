@@ -1,4 +1,5 @@
-"""The import boundary: the engine knows nothing of Textual or Rich; the console writes no SQL."""
+"""The import boundary: the engine knows nothing of Textual or Rich; the console and the CLI
+write no SQL."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ CONSOLE_FILES = sorted(
         *(ROOT / "outbox_tui").glob("demo.py"),
         *(ROOT / "outbox_tui").glob("dispatch_control.py"),
         *(ROOT / "outbox_tui").glob("messages.py"),
+        *(ROOT / "outbox_tui").glob("actions.py"),
+        *(ROOT / "outbox_tui").glob("output.py"),
+        *(ROOT / "outbox_tui" / "cli").glob("*.py"),
         *(ROOT / "outbox_tui" / "screens").glob("*.py"),
         *(ROOT / "outbox_tui" / "widgets").glob("*.py"),
     ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 
-from engine.settings import DispatcherSettings
+from engine.settings import DispatcherSettings, load_settings
 from outbox_tui.console import prepare_console
 from outbox_tui.demo import DEMO_DATABASE_URL, HEAD_START_ORDERS
 
@@ -17,15 +17,12 @@ async def test_demo_creates_its_database_and_comes_alive(tmp_path, monkeypatch):
     monkeypatch.setenv("OUTBOX_DISPATCHER__IDLE_SLEEP_SECONDS", "0.05")
     app = await asyncio.to_thread(
         prepare_console,
-        database_url="sqlite+aiosqlite:///./outbox.db",  # the CLI's default: the demo picks its own
+        load_settings(refresh_seconds=0.2),  # the CLI's default URL: the demo picks its own
         installed_apps=[],
-        amqp_url=None,
-        exchange=None,
-        refresh_seconds=0.2,
         demo=True,
     )
     assert app.config.database_url == DEMO_DATABASE_URL and app.config.autostart_dispatch
-    assert isinstance(app.dispatch.settings, DispatcherSettings)
+    assert isinstance(app.dispatch.spec.settings.dispatcher, DispatcherSettings)
     files = await asyncio.to_thread(os.listdir, ".")
     assert "outbox-demo.db" in files and "outbox.db" not in files
     async with app.run_test(size=SIZE) as pilot:

@@ -11,6 +11,7 @@ import asyncpg
 import pytest
 from sqlalchemy.engine import make_url
 
+from engine.settings import OutboxSettings
 from outbox_tui.console import run_console
 from outbox_tui.widgets.event_table import EventTable
 
@@ -105,11 +106,9 @@ async def test_postgresql_refusing_connections_then_accepting_again(pg_url, orde
 def start(url: str, *apps: str) -> tuple[int, str]:
     err = io.StringIO()
     code = run_console(
-        database_url=url,
+        # Not validated here: the console's own start-up checks must report a bad URL.
+        OutboxSettings().model_copy(update={"database_url": url}),
         installed_apps=list(apps),
-        amqp_url=None,
-        exchange="outbox.events",
-        refresh_seconds=1.0,
         demo=False,
         stderr=err,
     )

@@ -1,0 +1,123 @@
+"""Opening the outbox database for a purpose: one place for pools, timeouts and checks.
+
+Each front end used to build its own engine with its own PostgreSQL connect
+timeout and its own "missing SQLite file" message; ``open_engine`` names the
+purpose instead:
+
+- ``command``: a one-shot CLI command (a small default pool);
+- ``console``: must notice when the database goes away (SQLite without a pool,
+  opened ``mode=rw`` so a missing file is an error, never a new empty database);
+- ``dispatcher``: the run loop (the console's ``s`` and ``outbox-tui dispatch``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, Literal
+
+import aiosqlite
+from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.pool import NullPool
+
+from engine.database import (
+    SQLITE_BUSY_TIMEOUT_SECONDS,
+    check_schema,
+    create_engine,
+    mask_url,
+    parse_database_url,
+    storage_errors,
+)
+from engine.errors import DatabaseUnavailableError, SchemaMissingError, SchemaOutdatedError
+from engine.operations.sqlite_workers import settle_sqlite_workers
+
+Purpose = Literal["command", "console", "dispatcher"]
+# One connect timeout for every purpose: an unreachable server is reported in seconds.
+PG_CONNECT_TIMEOUT_SECONDS = 10.0
+CHECK_TIMEOUT_SECONDS = 20.0
+INIT_DB = "outbox-tui init-db"
+
+
+def sqlite_path(database_url: str | URL) -> Path | None:
+    """The absolute file path of a SQLite URL (None for PostgreSQL or in-memory)."""
+    url = parse_database_url(database_url)
+    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
+        return None
+    return Path(url.database).absolute()
+
+
+def require_database_file(database_url: str | URL) -> None:
+    """Reading must not create an empty SQLite file as a side effect: say how to create it."""
+    path = sqlite_path(database_url)
+    if path is None:
+        return
+    if not path.exists():
+        raise SchemaMissingError(
+            f"no SQLite database at {path}; create it with "
+            f"`{INIT_DB} --database-url {mask_url(database_url)}`"
+        )
+    if path.is_dir():  # said plainly rather than as the driver's "unable to open database file"
+        raise DatabaseUnavailableError(f"{path} is a directory, not a SQLite database file")
+
+
+def open_engine(database_url: str | URL, purpose: Purpose) -> AsyncEngine:
+    """An engine configured for ``purpose``; nothing connects until it is used."""
+    url = parse_database_url(database_url)
+    if url.get_backend_name() == "sqlite":
+        if purpose != "console":
+            return create_engine(url)
+        uri = Path(url.database or "").absolute().as_uri() + "?mode=rw"
+
+        async def connect() -> aiosqlite.Connection:
+            return await aiosqlite.connect(uri, uri=True, timeout=SQLITE_BUSY_TIMEOUT_SECONDS)
+
+        # No pool: a pooled connection keeps reading a file that was moved or deleted.
+        return create_engine(url, poolclass=NullPool, async_creator=connect)
+    kwargs: dict[str, Any] = {"connect_args": {"timeout": PG_CONNECT_TIMEOUT_SECONDS}}
+    if purpose == "console":
+        kwargs.update(pool_size=2, max_overflow=2)
+    return create_engine(url, **kwargs)
+
+
+async def dispose(engine: AsyncEngine) -> None:
+    """Dispose ``engine`` and let aiosqlite's threads end before the event loop closes."""
+    with contextlib.suppress(Exception):
+        await engine.dispose()
+    await settle_sqlite_workers()
+
+
+async def check_database(engine: AsyncEngine) -> None:
+    """The outbox tables answer and are current; otherwise one line saying what to do."""
+    masked = mask_url(engine.url)
+    try:
+        async with asyncio.timeout(CHECK_TIMEOUT_SECONDS), storage_errors(engine.url):
+            await check_schema(engine)
+    except (SchemaMissingError, SchemaOutdatedError) as exc:
+        # The engine's message says `outbox-tui init-db`; name the database it must run on.
+        hint = f"`{INIT_DB} --database-url {masked}`"
+        raise type(exc)(str(exc).replace(f"`{INIT_DB}`", hint)) from None
+    except TimeoutError:
+        raise DatabaseUnavailableError(
+            f"the database at {masked} did not answer within {CHECK_TIMEOUT_SECONDS:g}s; "
+            "check that it is running and reachable"
+        ) from None
+
+
+@contextlib.asynccontextmanager
+async def open_database(
+    database_url: str | URL, purpose: Purpose, *, need_schema: bool = True
+) -> AsyncIterator[AsyncEngine]:
+    """An engine for ``purpose``, disposed on exit; with ``need_schema`` the tables must exist."""
+    if need_schema:
+        require_database_file(database_url)
+    engine = open_engine(database_url, purpose)
+    try:
+        async with storage_errors(engine.url):
+            if need_schema:
+                await check_database(engine)
+            yield engine
+    finally:
+        await dispose(engine)

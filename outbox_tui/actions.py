@@ -1,0 +1,134 @@
+"""The console's one action table: key bindings, the command palette and the help screen.
+
+Each row declares an action once: its key, the footer label (and place), the
+palette title and hint, and the line of the help screen. ``bindings()``,
+``palette_commands()`` and ``help_rows()`` are built from it, so they cannot
+drift apart. Adding a view or an action is one row here plus its ``action_*``
+method. Rows without an action are keys of other widgets (dialogs, the table),
+listed in the help only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual.binding import Binding
+
+VIEWS, FILTER, ACT, CONSOLE = "Views", "Filter", "Act", "Console"
+GROUPS = (VIEWS, FILTER, ACT, CONSOLE)
+
+
+@dataclass(frozen=True, slots=True)
+class ConsoleAction:
+    """One thing an operator can do, and everywhere it is offered."""
+
+    action: str | None  # "show_events"; "app.help" for the app's; None: help line only
+    key: str | None  # Textual key name ("slash"); None: palette only
+    group: str  # the help screen's section
+    help: str | None  # the help line (``{page_size}`` is filled in); None: not in the help
+    title: str | None = None  # the palette entry; None: not in the palette
+    hint: str = ""  # the palette's second line
+    label: str = ""  # the footer label
+    footer: int | None = None  # place in the footer; None: not shown there
+    display: str | None = None  # how the help and palette write the key ("/")
+    binding_id: str | None = None
+
+    @property
+    def shown_key(self) -> str:
+        return self.display or self.key or ""
+
+
+A = ConsoleAction
+ACTIONS: tuple[ConsoleAction, ...] = (
+    A("show_events", "e", VIEWS, "events: every event, newest first", "Show events",
+      "every event, newest first", "Events", 0, binding_id="events"),
+    A("show_dead_letters", "d", VIEWS, "dead letters: events that need an operator",
+      "Show dead letters", "events that need an operator", "Dead letters", 1,
+      binding_id="dead-letters"),
+    A("show_blocked_keys", "b", VIEWS,
+      "blocked keys: ordering keys held back by a failed or dead head", "Show blocked keys",
+      "ordering keys held back by their head", "Blocked keys", 2, binding_id="blocked-keys"),
+    A("show_key_events", "w", VIEWS, "the undelivered events of the highlighted ordering key",
+      "Show the key's waiting events", "of the highlighted key", "Key's events",
+      binding_id="key-events"),
+    A("open_detail", None, VIEWS, "open the detail of the highlighted event (follows the cursor)",
+      "Open event detail", "of the highlighted event", display="enter"),
+    # Shown on the detail pane's border instead: the footer is full.
+    A("close_detail", "escape", VIEWS, "close the detail", label="Close detail",
+      binding_id="close-detail"),
+    A(None, None, VIEWS, "move between the table and the detail (to scroll it)", display="tab"),
+    A(None, None, VIEWS, "move in the table", display="↑ ↓ pgup pgdn"),
+    A("older_page", "right_square_bracket", VIEWS,
+      "older / newer page (keyset paging, {page_size} at a time)", "Older page", "keyset paging",
+      "Older", 8, display="] / [", binding_id="older"),
+    A("newer_page", "left_square_bracket", VIEWS, None, "Newer page", "keyset paging", "Newer",
+      9, display="[", binding_id="newer"),
+    A("first_page", "home", VIEWS, "back to the newest page", label="Newest"),
+    A("filter", "slash", FILTER, "filter by status, event type, tenant, aggregate id, ordering key",
+      "Filter…", "by status, type, tenant, aggregate id, ordering key", "Filter", 3,
+      display="/", binding_id="filter"),
+    A(None, None, FILTER, "in the filter dialog: clear every field", display="ctrl+l"),
+    A("clear_filter", None, FILTER, None, "Clear filter", "show everything in the current view"),
+    A("replay_one", "r", ACT, "replay the highlighted dead letter (asks first)",
+      "Replay highlighted dead letter", "asks before it changes anything", "Replay", 4,
+      binding_id="replay"),
+    A("replay_matching", "R", ACT, "replay every dead letter matching the filter (asks first)",
+      "Replay all matching dead letters", "asks first", "Replay all", 5, binding_id="replay-all"),
+    A("skip_dead_letter", "k", ACT,
+      "skip the highlighted dead letter: its key goes on (asks first)",
+      "Skip highlighted dead letter", "release its ordering key; asks", "Skip", 6,
+      binding_id="skip"),
+    A("start_dispatch", "s", ACT, "start or stop the in-process dispatcher (stop asks first)",
+      "Start dispatch", "run a dispatcher inside the console", "Start dispatch", 7,
+      binding_id="start-dispatch"),
+    A("stop_dispatch", "s", ACT, None, "Stop dispatch", "gracefully: the current batch finishes",
+      "Stop dispatch", 7, binding_id="stop-dispatch"),
+    A(None, None, ACT, "in a confirmation: proceed / cancel (escape cancels too)", display="y / n"),
+    A("refresh_now", "ctrl+r", CONSOLE, "refresh now", "Refresh now", label="Refresh"),
+    A(None, None, CONSOLE, "command palette: every action by name", display="ctrl+p"),
+    A("app.help", "question_mark", CONSOLE, "this help", "Help: keys", label="Help", footer=1,
+      display="?", binding_id="help"),
+    A("app.quit", "q", CONSOLE, "quit (stops the in-process dispatcher gracefully first)",
+      label="Quit", footer=0, binding_id="quit"),
+)
+
+
+def bindings(*, app: bool) -> list[Binding]:
+    """The key bindings of the main screen (``app=False``) or of the app, in footer order."""
+    rows = [
+        a
+        for a in ACTIONS
+        if a.action is not None and a.key is not None and a.action.startswith("app.") == app
+    ]
+    rows.sort(key=lambda a: (a.footer is None, a.footer or 0))
+    return [
+        Binding(
+            a.key,  # type: ignore[arg-type]
+            a.action.removeprefix("app."),  # type: ignore[union-attr]
+            a.label,
+            show=a.footer is not None,
+            id=a.binding_id,
+        )
+        for a in rows
+    ]
+
+
+def palette_commands() -> list[tuple[str, str, str]]:
+    """``(title, action, hint)`` for the command palette, in table order."""
+    commands = []
+    for a in ACTIONS:
+        if a.title is None or a.action is None:
+            continue
+        key = f"({a.shown_key})" if a.shown_key else ""
+        hint = f"{a.hint} {key}".strip()
+        commands.append((a.title, a.action, hint))
+    return commands
+
+
+def help_rows(page_size: int) -> list[tuple[str, list[tuple[str, str]]]]:
+    """``[(group, [(key, line), ...]), ...]`` for the help screen."""
+    groups: dict[str, list[tuple[str, str]]] = {group: [] for group in GROUPS}
+    for a in ACTIONS:
+        if a.help is not None:
+            groups[a.group].append((a.shown_key, a.help.format(page_size=page_size)))
+    return [(group, rows) for group, rows in groups.items() if rows]

@@ -1,0 +1,161 @@
+"""The ``outbox-tui`` command line: one module per command group, one error handler.
+
+Without a subcommand it opens the console (``console``); ``dispatch`` (alias
+``--dispatch``) runs the headless dispatcher loop; the other commands answer
+one question each (``stats``, ``dead-letter list``) or make one change
+(``init-db``, ``dead-letter replay|skip``, ``dispatch-once``). A command group
+is a module with ``register(subparsers)`` that sets ``run`` on its parsers; add
+it to ``COMMAND_GROUPS``. Every failure is one line on stderr (``errors``).
+See docs/cli.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import inspect
+from collections.abc import Iterator, Sequence
+from types import ModuleType
+
+from engine.database import mask_secrets
+from engine.operations import load_registry
+from outbox_tui import __version__
+from outbox_tui.cli import console, dead_letter, dispatch, init_db, stats
+from outbox_tui.cli.errors import EXIT_USAGE, UsageError, run_guarded
+from outbox_tui.cli.options import PROG, Invocation, Parser, add_common, examples, resolve
+from outbox_tui.cli.redaction import RedactingStream, Redactor, SecretFilter, configure_logging
+from outbox_tui.output import Output
+
+COMMAND_GROUPS: tuple[ModuleType, ...] = (dispatch, dead_letter, stats, init_db)
+# Commands that need every setting valid; the others only read and go on without a bad
+# dispatcher setting (stats says what it could not count).
+STRICT_SETTINGS = ("console", "dispatch", "dispatch-once")
+DISPATCH_ALIAS = "--dispatch"
+
+__all__ = ["RedactingStream", "Redactor", "SecretFilter", "build_parser", "main"]
+
+
+def build_parser() -> Parser:
+    parser = Parser(
+        prog=PROG,
+        description="Operate a transactional outbox: the console (no subcommand), the "
+        "headless dispatcher (dispatch, or --dispatch), and one-shot commands.",
+        epilog=examples(
+            f"{PROG} --installed-app outbox_tui.examples.orders  # open the console",
+            f"{PROG} --demo  # the console with demo traffic",
+            f"{PROG} init-db --database-url postgresql+asyncpg://app:secret@db/app",
+            f"{PROG} --dispatch --installed-app outbox_tui.examples.orders --json",
+            f"{PROG} dispatch --amqp-url amqp://guest:guest@rabbit/ --metrics-port 9100",
+            f"{PROG} stats --json",
+            f"{PROG} dead-letter list --tenant acme",
+            f"{PROG} dead-letter replay --all --event-type orders.placed --dry-run",
+            f"{PROG} dead-letter skip --event-id 0190... --yes --reason 'handled by hand'",
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    add_common(parser, apps_dest="installed_apps")
+    console.add_options(parser)
+    parser.add_argument(
+        DISPATCH_ALIAS,
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="the same as the dispatch command: run the dispatcher loop (see dispatch --help)",
+    )
+    parser.set_defaults(run=console.console)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    for group in COMMAND_GROUPS:
+        group.register(sub)
+    return parser
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def _options(parser: argparse.ArgumentParser) -> set[str]:
+    return {option for action in parser._actions for option in action.option_strings}
+
+
+def _parsers(parser: argparse.ArgumentParser, path: str) -> Iterator[tuple[str, Parser]]:
+    yield path, parser  # type: ignore[misc]
+    for name, child in _subcommands(parser).items():
+        yield from _parsers(child, f"{path} {name}".strip())
+
+
+def _command_path(parser: argparse.ArgumentParser, tokens: list[str]) -> list[str]:
+    path = []
+    for token in tokens:
+        children = _subcommands(parser)
+        if token in children:
+            path.append(token)
+            parser = children[token]
+    return path
+
+
+def prepare_argv(parser: Parser, argv: list[str]) -> list[str]:
+    """``--dispatch`` becomes the ``dispatch`` command; an option of another command is
+    named as such (instead of argparse's "unrecognized arguments")."""
+    end = argv.index("--") if "--" in argv else len(argv)
+    tokens = argv[:end]
+    path = _command_path(parser, tokens)
+    if DISPATCH_ALIAS in tokens:
+        if path:
+            raise UsageError(f"--dispatch cannot be combined with the {path[0]} subcommand")
+        tokens.remove(DISPATCH_ALIAS)
+        argv = ["dispatch", *tokens, *argv[end:]]
+        tokens, path = argv[: len(tokens) + 1], ["dispatch"]
+    here = parser
+    for name in path:
+        here = _subcommands(here)[name]
+    allowed = _options(here)
+    for token in tokens:
+        flag = token.split("=", 1)[0]
+        if not flag.startswith("--") or flag in allowed:
+            continue
+        owners = [
+            p or "the console" for p, child in _parsers(parser, "") if flag in _options(child)
+        ]
+        if owners:
+            raise UsageError(
+                f"{flag} does not apply here: it is an option of {' or '.join(owners)}"
+            )
+    return argv
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import sys
+
+    fallback = Output(json_mode=False)
+    parser = build_parser()
+    try:
+        args_list = prepare_argv(parser, list(sys.argv[1:] if argv is None else argv))
+        args = parser.parse_args(args_list)
+        command = " ".join(_command_path(parser, args_list)) or "console"
+    except UsageError as exc:
+        fallback.error(mask_secrets(str(exc)))
+        return EXIT_USAGE
+    inv: Invocation | None = None
+
+    def resolved() -> int:
+        nonlocal inv
+        inv = resolve(args, command=command, strict_settings=command in STRICT_SETTINGS)
+        return EXIT_USAGE if inv is None else 0
+
+    status = run_guarded(resolved, fallback)
+    if inv is None:
+        return status
+    return run_guarded(lambda: _run(inv), inv.out)  # type: ignore[arg-type]
+
+
+def _run(inv: Invocation) -> int:
+    configure_logging(inv.log_level, inv.out, inv.redact)
+    if inv.installed_apps and inv.command not in STRICT_SETTINGS:
+        load_registry(inv.installed_apps, app_dir=inv.app_dir)  # unused, but a bad name is an error
+    result = inv.args.run(inv)
+    if inspect.iscoroutine(result):
+        result = asyncio.run(result)
+    return int(result)

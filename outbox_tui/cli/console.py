@@ -1,0 +1,33 @@
+"""``outbox-tui`` without a subcommand: the console (``--demo`` for a demo database)."""
+
+from __future__ import annotations
+
+import argparse
+
+from engine.settings import ConsoleSettings
+from outbox_tui.cli.options import Invocation, add_broker, add_settings
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """The console's options live on the root parser: it runs when no command is given."""
+    group = parser.add_argument_group("console (no subcommand)")
+    group.add_argument(
+        "--demo",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="run the console on a demo database with generated traffic",
+    )
+    add_settings(group, ConsoleSettings, ("refresh_seconds",))
+    add_broker(parser)
+
+
+def console(inv: Invocation) -> int:
+    from outbox_tui.console import run_console
+
+    return run_console(
+        inv.settings,
+        installed_apps=list(inv.installed_apps),
+        app_dir=inv.app_dir,
+        demo=bool(inv.opt("demo")),
+        stderr=inv.out.stderr,
+    )

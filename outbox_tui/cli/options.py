@@ -1,0 +1,205 @@
+"""Shared options and the resolved invocation every command works from.
+
+Settings flags are generated from the settings models (``engine.settings``), so
+every setting with an ``OUTBOX_...`` variable has its flag, named as the
+settings' error messages name it; argparse only collects strings and the
+settings validate them once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import textwrap
+from dataclasses import dataclass, field
+from typing import Any, NoReturn, get_args
+
+from pydantic import BaseModel
+
+from engine.database import mask_url
+from engine.settings import (
+    ConsoleSettings,
+    DispatcherSettings,
+    OutboxSettings,
+    flag_of,
+    load_settings,
+    load_settings_for_reading,
+)
+from outbox_tui.cli.errors import UsageError
+from outbox_tui.cli.redaction import RedactingStream, Redactor
+from outbox_tui.output import Output
+
+PROG = "outbox-tui"
+# Settings every command takes; the others belong to the commands that use them.
+COMMON_SETTINGS = ("database_url", "log_level")
+BROKER_SETTINGS = ("amqp_url", "exchange")
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+def examples(*lines: str) -> str:
+    return "examples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def subparser(sub: Any, name: str, help_: str, description: str, *example: str) -> Parser:
+    """A subcommand parser with the shared options every command takes."""
+    parser: Parser = sub.add_parser(
+        name,
+        help=help_,
+        description=textwrap.fill(description, 88),
+        epilog=examples(*example),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_common(parser, apps_dest="installed_apps_sub")
+    return parser
+
+
+def add_common(parser: argparse.ArgumentParser, *, apps_dest: str) -> None:
+    """Database, apps and log level. Two destinations for the apps, because a subcommand's
+    namespace replaces the root's: ``--installed-app`` before and after it add up."""
+    group = parser.add_argument_group("database and apps")
+    add_settings(group, OutboxSettings, COMMON_SETTINGS[:1])
+    group.add_argument(
+        "--installed-app",
+        metavar="MODULE",
+        action="append",
+        dest=apps_dest,
+        default=argparse.SUPPRESS,
+        help="import MODULE and call its register(registry); repeatable",
+    )
+    group.add_argument(
+        "--app-dir",
+        metavar="DIR",
+        default=argparse.SUPPRESS,
+        help="look for --installed-app modules in DIR first (default: the working directory)",
+    )
+    add_settings(group, OutboxSettings, COMMON_SETTINGS[1:])
+
+
+def add_json(parser: argparse._ActionsContainer, help_: str) -> None:
+    parser.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=help_)
+
+
+def add_broker(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("broker (instead of local handlers)")
+    add_settings(group, OutboxSettings, BROKER_SETTINGS)
+
+
+def add_settings(
+    group: argparse._ActionsContainer, model: type[BaseModel], names: tuple[str, ...] | None = None
+) -> None:
+    """One flag per settings field: ``--batch-size`` sets ``batch_size`` (env stays below)."""
+    for name in names or tuple(model.model_fields):
+        info = model.model_fields[name]
+        flag = flag_of((name,)) if model is OutboxSettings else _nested_flag(model, name)
+        env = "OUTBOX_" + ("" if model is OutboxSettings else _section(model) + "__") + name.upper()
+        help_ = f"{info.description or name} (env {env})"
+        if info.annotation is bool:
+            group.add_argument(
+                flag, dest=name, action="store_true", default=argparse.SUPPRESS, help=help_
+            )
+            continue
+        group.add_argument(
+            flag,
+            dest=name,
+            metavar=_metavar(name, info.annotation),
+            default=argparse.SUPPRESS,
+            help=help_,
+        )
+
+
+def _section(model: type[BaseModel]) -> str:
+    return "DISPATCHER" if model is DispatcherSettings else "CONSOLE"
+
+
+def _nested_flag(model: type[BaseModel], name: str) -> str:
+    return flag_of((_section(model).lower(), name))
+
+
+def _metavar(name: str, annotation: Any) -> str:
+    if name.endswith("_url"):
+        return "URL"
+    if name == "exchange":
+        return "NAME"
+    args = [a for a in get_args(annotation) if a is not type(None)] or [annotation]
+    if args[0] is int:
+        return "N"
+    if args[0] is float:
+        return "S"
+    if get_args(args[0]):  # a Literal
+        return "{" + ",".join(str(a) for a in get_args(args[0])) + "}"
+    return "VALUE"
+
+
+SETTING_NAMES = (set(OutboxSettings.model_fields) | set(DispatcherSettings.model_fields)) | set(
+    ConsoleSettings.model_fields
+)
+
+
+@dataclass(slots=True)
+class Invocation:
+    """Arguments merged with the environment: what every command works from."""
+
+    args: argparse.Namespace
+    command: str
+    settings: OutboxSettings
+    installed_apps: list[str]
+    app_dir: str | None
+    json: bool
+    out: Output
+    redact: Redactor = field(default_factory=Redactor)
+    # A bad dispatcher setting a read-only command went on without (None: all fine).
+    settings_problem: str | None = None
+
+    def opt(self, name: str, default: Any = None) -> Any:
+        return getattr(self.args, name, default)
+
+    @property
+    def database_url(self) -> str:
+        return self.settings.database_url
+
+    @property
+    def masked_url(self) -> str:
+        return mask_url(self.database_url)
+
+    @property
+    def log_level(self) -> str:
+        return self.settings.log_level or ("INFO" if self.command == "dispatch" else "WARNING")
+
+
+def resolve(args: argparse.Namespace, *, command: str, strict_settings: bool) -> Invocation:
+    """Settings from flags over ``OUTBOX_...`` variables, and the redacting output."""
+    overrides = {name: getattr(args, name) for name in SETTING_NAMES if hasattr(args, name)}
+    problem = None
+    if strict_settings:
+        settings = load_settings(**overrides)
+    else:
+        settings, problem = load_settings_for_reading(**overrides)
+    redact = Redactor()
+    redact.add(settings.database_url)
+    redact.add(settings.amqp_url)
+    json_mode = bool(getattr(args, "json", False))
+    out = Output(
+        json_mode=json_mode,
+        stdout=RedactingStream(sys.stdout, redact),  # type: ignore[arg-type]
+        stderr=RedactingStream(sys.stderr, redact),  # type: ignore[arg-type]
+    )
+    return Invocation(
+        args=args,
+        command=command,
+        settings=settings,
+        installed_apps=[
+            *getattr(args, "installed_apps", []),
+            *getattr(args, "installed_apps_sub", []),
+        ],
+        app_dir=getattr(args, "app_dir", None),
+        json=json_mode,
+        out=out,
+        redact=redact,
+        settings_problem=problem,
+    )

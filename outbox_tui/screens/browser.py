@@ -1,0 +1,274 @@
+"""The event browser: views (events, dead letters, blocked keys), paging, filter, detail.
+
+Part of ``MainScreen``; it loads pages through ``OutboxInsights`` in workers and
+keeps, per view, its filter and keyset cursors (``ViewState``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from textual import on, work
+from textual.coordinate import Coordinate
+from textual.widgets import DataTable
+
+from engine.errors import OutboxError
+from engine.insights import BlockedKey, EventFilter, EventSummary
+from engine.schema import DEAD_LETTER
+from outbox_tui.messages import (
+    DetailLoaded,
+    PageLoaded,
+    PollFailed,
+)
+from outbox_tui.screens.base import ConsoleScreen
+from outbox_tui.screens.filter import FilterModal
+from outbox_tui.widgets.blocked_keys import BlockedKeysTable
+from outbox_tui.widgets.event_detail import EventDetailPane
+from outbox_tui.widgets.event_table import EventTable
+from outbox_tui.widgets.format import one_line
+
+EVENTS, DEAD_LETTERS, BLOCKED = "events", "dead_letters", "blocked_keys"
+FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """The event an action applies to: the highlighted event, or the highlighted key's head."""
+
+    id: str
+    status: str
+    kind: str  # "orders.placed v1" (the blocked-keys view knows no version: the type alone)
+    ordering_key: str | None
+
+    @classmethod
+    def of_event(cls, event: EventSummary) -> Target:
+        kind = f"{event.event_type} v{event.event_version}"
+        return cls(event.id, event.status, kind, event.ordering_key)
+
+    @classmethod
+    def of_key(cls, key: BlockedKey) -> Target:
+        return cls(key.head_id, key.head_status, key.head_event_type, key.ordering_key)
+
+
+@dataclass(slots=True)
+class ViewState:
+    """What one view (events or dead letters) shows: its filter and where it is paging."""
+
+    mode: str
+    filter: EventFilter = field(default_factory=EventFilter)
+    cursors: list[str | None] = field(default_factory=lambda: [None])
+    has_more: bool = False
+
+    @property
+    def before(self) -> str | None:
+        return self.cursors[-1]
+
+    @property
+    def page_number(self) -> int:
+        return len(self.cursors)
+
+    @property
+    def query_filter(self) -> EventFilter:
+        if self.mode == DEAD_LETTERS:
+            return replace(self.filter, statuses=(DEAD_LETTER,))
+        return self.filter
+
+    def describe(self) -> str:
+        if self.mode == BLOCKED:
+            return "held back by a failed or dead-lettered head"
+        if self.mode == DEAD_LETTERS:
+            rest = replace(self.filter, statuses=())
+            return "all dead letters" if rest == EventFilter() else rest.describe()
+        return self.filter.describe()
+
+
+class EventBrowser(ConsoleScreen):
+    """Views, paging, the filter and the detail pane of the main screen."""
+
+    # -- views, paging, filter ----------------------------------------------------------
+
+    def _view_changed(self) -> None:
+        """Filter, view or page changed: load just that page now (the counts can wait)."""
+        self._generation += 1
+        self._update_titles(None)
+        self._load_page(self._generation)
+
+    @work(exclusive=True, group="page", exit_on_error=False)
+    async def _load_page(self, generation: int) -> None:
+        try:
+            page = await self._fetch(self.view)
+        except OutboxError as exc:
+            self.post_message(PollFailed(one_line(exc)))
+        else:
+            self.post_message(PageLoaded(page, generation))
+
+    @on(PageLoaded)
+    def _page_loaded(self, message: PageLoaded) -> None:
+        if message.generation != self._generation:
+            return  # the operator moved on; a newer load is on its way
+        snap = self.last_snapshot
+        self._show_page(message.page, snap.taken_at if snap else self.console_app.clock())
+        self.pages += 1
+
+    def action_show_events(self) -> None:
+        self._switch(EVENTS)
+
+    def action_show_dead_letters(self) -> None:
+        self._switch(DEAD_LETTERS)
+
+    def action_show_blocked_keys(self) -> None:
+        self._switch(BLOCKED)
+
+    def action_show_key_events(self) -> None:
+        """The undelivered events of the highlighted key (or event's key), in the events view."""
+        target = self._target()
+        if target is None or target.ordering_key is None:
+            return
+        view = self.views[EVENTS]
+        view.filter = EventFilter(ordering_key=target.ordering_key)
+        view.cursors = [None]
+        view.has_more = False
+        if self.mode == EVENTS:
+            self._view_changed()
+        else:
+            self._switch(EVENTS)
+
+    def _switch(self, mode: str) -> None:
+        if self.mode != mode:
+            self.mode = mode
+            blocked = mode == BLOCKED
+            self.query_one(EventTable).display = not blocked
+            self.query_one(BlockedKeysTable).display = blocked
+            self._view_changed()
+        self._list_table().focus()
+
+    def _list_table(self) -> EventTable | BlockedKeysTable:
+        if self.mode == BLOCKED:
+            return self.query_one(BlockedKeysTable)
+        return self.query_one(EventTable)
+
+    def action_older_page(self) -> None:
+        table = self.query_one(EventTable)
+        if self.mode == BLOCKED or not self.view.has_more or table.row_count == 0:
+            return
+        last = table.coordinate_to_cell_key(Coordinate(table.row_count - 1, 0)).row_key.value
+        self.view.cursors.append(last)
+        self.view.has_more = False
+        self._view_changed()
+        table.move_cursor(row=0)
+
+    def action_newer_page(self) -> None:
+        if self.view.page_number > 1:
+            self.view.cursors.pop()
+            self._view_changed()
+
+    def action_first_page(self) -> None:
+        if self.view.page_number > 1:
+            self.view.cursors = [None]
+            self._view_changed()
+        self._list_table().move_cursor(row=0)
+
+    def action_filter(self) -> None:
+        if self.mode == BLOCKED:
+            return
+        known_types = [t for t, _v in self.console_app.registry.event_types()]
+        table = self.query_one(EventTable)
+        seen = [e.event_type for e in table.events]
+        tenants = [e.tenant_id for e in table.events]
+        keys = [e.ordering_key for e in table.events if e.ordering_key]
+        keys += [k.ordering_key for k in self.query_one(BlockedKeysTable).blocked_keys]
+        self.app.push_screen(
+            FilterModal(
+                self.view.filter,
+                dead_letters_only=self.mode == DEAD_LETTERS,
+                event_types=[*known_types, *seen],
+                tenants=tenants,
+                ordering_keys=keys,
+            ),
+            self._filter_chosen,
+        )
+
+    def _filter_chosen(self, flt: EventFilter | None) -> None:
+        if flt is None:
+            return
+        self.set_filter(flt)
+
+    def set_filter(self, flt: EventFilter) -> None:
+        if self.mode == BLOCKED:
+            return
+        view = self.view
+        view.filter = replace(flt, statuses=()) if self.mode == DEAD_LETTERS else flt
+        view.cursors = [None]
+        view.has_more = False
+        self._view_changed()
+
+    def action_clear_filter(self) -> None:
+        self.set_filter(EventFilter())
+
+    def action_refresh_now(self) -> None:
+        self.poll_now()
+
+    # -- detail -------------------------------------------------------------------------
+
+    @on(DataTable.RowSelected, "#events, #blocked-keys")
+    def _row_selected(self) -> None:
+        self.action_open_detail()
+
+    def action_open_detail(self) -> None:
+        if self.detail_open:
+            self.query_one(EventDetailPane).focus()
+            return
+        self.detail_open = True
+
+    def watch_detail_open(self, is_open: bool) -> None:
+        self.query_one("#body").set_class(is_open, "-detail-open")
+        if is_open:
+            self.load_detail()
+        else:
+            self._list_table().focus()
+
+    def action_close_detail(self) -> None:
+        self.detail_open = False
+
+    @on(DataTable.RowHighlighted, "#events, #blocked-keys")
+    def _row_highlighted(self) -> None:
+        self.refresh_bindings()
+        target = self._target()
+        pane = self.query_one(EventDetailPane)
+        if self.detail_open and target is not None and target.id != pane.event_id:
+            self.load_detail()
+
+    def load_detail(self) -> None:
+        target = self._target()
+        pane = self.query_one(EventDetailPane)
+        if target is None:
+            pane.event_id = None
+            pane.show_message("No event highlighted." if self.mode != BLOCKED else "No key.")
+            return
+        self._load_detail(target.id)
+
+    @work(exclusive=True, group="detail", exit_on_error=False)
+    async def _load_detail(self, event_id: str) -> None:
+        insights, db = self.console_app.insights, self.console_app.db
+        try:
+            detail = await db(insights.event_detail(event_id))
+            waiting = None
+            columns = detail.columns
+            if columns.get("ordering_key") and columns.get("status") in (DEAD_LETTER, FAILED):
+                waiting = await db(insights.waiting_behind(event_id))
+        except OutboxError as exc:
+            self.post_message(DetailLoaded(event_id, None, one_line(exc)))
+        else:
+            self.post_message(DetailLoaded(event_id, detail, None, waiting))
+
+    @on(DetailLoaded)
+    def _detail_loaded(self, message: DetailLoaded) -> None:
+        pane = self.query_one(EventDetailPane)
+        target = self._target()
+        if target is None or target.id != message.event_id:
+            return  # the cursor moved on; its own load is on the way
+        if message.detail is None:
+            pane.event_id = message.event_id
+            pane.show_message(message.error or "unknown error", error=True)
+            return
+        pane.show(message.detail, self.console_app.clock(), waiting=message.waiting)
