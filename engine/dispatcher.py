@@ -46,6 +46,9 @@ log = logging.getLogger("engine.dispatcher")
 # last handler and the completion write.
 LEASE_BUDGET = 0.8
 DEFAULT_MAX_CONCURRENCY = 200
+# One limit for the API and the settings: a claim's completion statements carry two
+# parameters per row, well inside every driver's limit at this size.
+MAX_BATCH_SIZE = 1000
 DEFAULT_HANDLER_TIMEOUT = 10.0
 
 
@@ -145,8 +148,10 @@ class OutboxDispatcher:
         observers: Sequence[DispatchObserver] = (),
         clock: Clock = utc_now,
     ) -> None:
-        if not 1 <= batch_size <= 10_000:
-            raise ConfigurationError(f"batch_size must be between 1 and 10000, got {batch_size}")
+        if not 1 <= batch_size <= MAX_BATCH_SIZE:
+            raise ConfigurationError(
+                f"batch_size must be between 1 and {MAX_BATCH_SIZE}, got {batch_size}"
+            )
         if lease_seconds <= 0:
             raise ConfigurationError(f"lease_seconds must be > 0, got {lease_seconds}")
         if max_attempts is not None and max_attempts < 1:

@@ -35,7 +35,7 @@ from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engine.database import DEFAULT_DATABASE_URL, parse_database_url
-from engine.dispatcher import DEFAULT_MAX_CONCURRENCY
+from engine.dispatcher import DEFAULT_MAX_CONCURRENCY, MAX_BATCH_SIZE
 from engine.errors import ConfigurationError, DatabaseUrlError
 
 ENV_PREFIX = "OUTBOX_"
@@ -53,7 +53,7 @@ class DispatcherSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     batch_size: Annotated[
-        int, Field(ge=1, le=1000, description="events claimed per round (default 100)")
+        int, Field(ge=1, le=MAX_BATCH_SIZE, description="events claimed per round (default 100)")
     ] = 100
     max_concurrency: Annotated[
         int,

@@ -26,10 +26,9 @@ from engine.operations import (
     require_database_file,
 )
 from engine.settings import OutboxSettings
+from outbox_tui import PROG
 from outbox_tui.app import ConsoleConfig, OutboxConsole, make_app
 from outbox_tui.demo import DEMO_APPS, DEMO_DATABASE_URL, DemoTraffic, prepare_demo_database
-
-PROG = "outbox-tui"
 
 
 async def preflight(database_url: str) -> None:

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-PROG = "outbox-tui"
+from outbox_tui import PROG
 
 
 class _Terminated(BaseException):

@@ -22,9 +22,9 @@ from rich.table import Table
 from rich.text import Text
 
 from engine.insights import EventSummary, HeartbeatView, OverviewSnapshot
+from outbox_tui import PROG
 from outbox_tui.widgets.format import heartbeat_state_text
 
-PROG = "outbox-tui"
 COUNTERS = ("claimed", "published", "failed", "dead_lettered", "lost_leases")
 HEARTBEAT_TOTALS = (*COUNTERS, "purged", "storage_errors")
 # A run's totals that change only when an iteration did something.

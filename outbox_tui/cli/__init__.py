@@ -19,10 +19,10 @@ from types import ModuleType
 
 from engine.database import mask_secrets
 from engine.operations import load_registry
-from outbox_tui import __version__
+from outbox_tui import PROG, __version__
 from outbox_tui.cli import console, dead_letter, dispatch, init_db, stats
 from outbox_tui.cli.errors import EXIT_USAGE, UsageError, run_guarded
-from outbox_tui.cli.options import PROG, Invocation, Parser, add_common, examples, resolve
+from outbox_tui.cli.options import Invocation, Parser, add_common, examples, resolve
 from outbox_tui.cli.redaction import RedactingStream, Redactor, SecretFilter, configure_logging
 from outbox_tui.output import Output
 

@@ -24,9 +24,9 @@ from engine.operations import (
 )
 from engine.replay import default_operator
 from engine.schema import DEAD_LETTER
-from outbox_tui import output
+from outbox_tui import PROG, output
 from outbox_tui.cli.errors import EXIT_FAILURE, EXIT_OK, UsageError
-from outbox_tui.cli.options import PROG, Invocation, Parser, add_json, subparser
+from outbox_tui.cli.options import Invocation, Parser, add_json, subparser
 from outbox_tui.output import ReplayReport, SkipReport
 
 

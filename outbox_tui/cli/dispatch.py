@@ -22,9 +22,9 @@ from engine.metrics import OutboxMetrics, serve_metrics
 from engine.operations import DispatchSpec, load_registry, open_dispatcher, run
 from engine.runner import RunSummary
 from engine.settings import DispatcherSettings
-from outbox_tui import output
+from outbox_tui import PROG, output
 from outbox_tui.cli.errors import EXIT_OK
-from outbox_tui.cli.options import PROG, Invocation, add_broker, add_json, add_settings, subparser
+from outbox_tui.cli.options import Invocation, add_broker, add_json, add_settings, subparser
 from outbox_tui.output import RunReporter
 
 log = logging.getLogger("outbox_tui.cli")

@@ -7,8 +7,9 @@ from typing import Any
 from engine.database import check_schema, create_schema
 from engine.errors import SchemaMissingError, SchemaOutdatedError
 from engine.operations import open_database
+from outbox_tui import PROG
 from outbox_tui.cli.errors import EXIT_OK
-from outbox_tui.cli.options import PROG, Invocation, add_json, subparser
+from outbox_tui.cli.options import Invocation, add_json, subparser
 
 
 def register(sub: Any) -> None:

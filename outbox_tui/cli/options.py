@@ -29,7 +29,6 @@ from outbox_tui.cli.errors import UsageError
 from outbox_tui.cli.redaction import RedactingStream, Redactor
 from outbox_tui.output import Output
 
-PROG = "outbox-tui"
 # Settings every command takes; the others belong to the commands that use them.
 COMMON_SETTINGS = ("database_url", "log_level")
 BROKER_SETTINGS = ("amqp_url", "exchange")

@@ -6,9 +6,9 @@ from typing import Any
 
 from engine.operations import insights_for, open_database
 from engine.settings import DispatcherSettings
-from outbox_tui import output
+from outbox_tui import PROG, output
 from outbox_tui.cli.errors import EXIT_OK
-from outbox_tui.cli.options import PROG, Invocation, add_json, add_settings, subparser
+from outbox_tui.cli.options import Invocation, add_json, add_settings, subparser
 
 
 def register(sub: Any) -> None:
