@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import bindparam, func, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 
-from engine import insights, store
+from engine import insights, pauses, store
 from engine.schema import UtcDateTime
 from engine.schema import outbox_events as t
 
@@ -109,3 +109,27 @@ async def test_blocked_heads_are_found_through_the_stalled_index(db):
     _assert_no_table_scan(plan)
     assert "ix_outbox_events_key_stalled" in plan
     assert "ix_outbox_events_key_order" in plan
+
+
+async def test_oldest_pending_is_found_through_indexes(db):
+    created, replayed = insights.oldest_due_statements(db.dialect.name)
+    plan = await _plan(db, created)
+    _assert_no_table_scan(plan)
+    assert "ix_outbox_events_status_id" in plan or "ix_outbox_events_type_backlog" in plan, plan
+    plan = await _text_plan(db, replayed.element.text, {})
+    _assert_no_table_scan(plan)
+    assert "ix_outbox_events_replayed_pending" in plan, plan
+
+
+async def test_top_types_and_pause_counts_stay_inside_the_backlog_and_in_flight_indexes(db):
+    backlog, in_flight = insights.top_types_statements()
+    plan = await _plan(db, backlog)
+    _assert_no_table_scan(plan)
+    assert "ix_outbox_events_type_backlog" in plan, plan
+    plan = await _plan(db, in_flight)
+    _assert_no_table_scan(plan)
+    assert "ix_outbox_events_leased" in plan, plan
+    for tenant in (None, "acme"):
+        plan = await _plan(db, pauses.waiting_count("orders.placed", tenant))
+        _assert_no_table_scan(plan)
+        assert "ix_outbox_events_type_backlog" in plan, plan
