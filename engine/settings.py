@@ -37,6 +37,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from engine.database import DEFAULT_DATABASE_URL, parse_database_url
 from engine.dispatcher import DEFAULT_MAX_CONCURRENCY
 from engine.errors import ConfigurationError, DatabaseUrlError
+from engine.replay import DEFAULT_DEDUP_WINDOW
 
 ENV_PREFIX = "OUTBOX_"
 _HOUR = 3600.0
@@ -134,6 +135,10 @@ class OutboxSettings(BaseSettings):
 
     database_url: str = DEFAULT_DATABASE_URL
     dispatcher: DispatcherSettings = Field(default_factory=DispatcherSettings)
+    # How long consumers remember event ids: replays of older events warn (engine.replay).
+    dedup_window_seconds: Annotated[float, Field(gt=0, le=_TEN_YEARS)] = (
+        DEFAULT_DEDUP_WINDOW.total_seconds()
+    )
 
 
 def load_settings(**overrides: Any) -> OutboxSettings:

@@ -8,6 +8,7 @@ import pytest
 
 from engine.errors import ConfigurationError
 from engine.replay import check_dedup_window
+from engine.settings import load_settings
 
 from .seeding import event_row, insert_events
 
@@ -43,3 +44,12 @@ async def test_many_ids_are_checked_in_chunks(db, clock):
 async def test_a_window_must_be_positive(db):
     with pytest.raises(ConfigurationError, match="dedup window must be positive"):
         await check_dedup_window(db, ["x"], window=timedelta(0))
+
+
+def test_the_dedup_window_setting_defaults_to_seven_days_and_reads_the_environment(monkeypatch):
+    assert load_settings().dedup_window_seconds == 7 * 86_400
+    monkeypatch.setenv("OUTBOX_DEDUP_WINDOW_SECONDS", "3600")
+    assert load_settings().dedup_window_seconds == 3600
+    monkeypatch.setenv("OUTBOX_DEDUP_WINDOW_SECONDS", "0")
+    with pytest.raises(ConfigurationError, match="OUTBOX_DEDUP_WINDOW_SECONDS"):
+        load_settings()
