@@ -8,9 +8,10 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select
 
-from engine import EventHandlerPermanentError, OutboxDispatcher
+from engine import EventHandlerPermanentError, OutboxDispatcher, replay
 from engine.error_groups import (
     NO_ERROR,
+    GroupMembers,
     error_groups,
     fingerprint,
     group_members,
@@ -103,9 +104,7 @@ async def test_failed_rows_and_dead_letters_are_grouped_with_counts_types_tenant
     by_size = [(g.count, dict(g.statuses)) for g in found.groups]
     assert by_size == [(3, {"dead_letter": 3}), (2, {"failed": 2}), (1, {"dead_letter": 1})]
     permanent, transient, corrupt = found.groups
-    assert permanent.message == (
-        "permanent: orders.bad: vendor refused order bad-<num> at <time>"
-    )
+    assert permanent.message == ("permanent: orders.bad: vendor refused order bad-<num> at <time>")
     assert transient.message.startswith("orders.flaky: ConnectionError: vendor refused order")
     assert dict(permanent.event_types) == {"orders.placed": 3}
     assert dict(permanent.tenants) == {"acme": 3}
@@ -146,9 +145,7 @@ async def test_the_group_scan_stops_at_its_limit_and_says_so(db, clock):
         await error_groups(db, scan_limit=0)
 
 
-async def test_replaying_a_group_replays_its_dead_letters_only_and_audits_each(
-    db, registry, clock
-):
+async def test_replaying_a_group_replays_its_dead_letters_only_and_audits_each(db, registry, clock):
     dead = await _fail(db, registry, clock, 3, "bad", permanent=True)
     failing = await _fail(db, registry, clock, 1, "flaky", permanent=False)
     await OutboxDispatcher(db, registry, clock=clock).dispatch_once()
@@ -171,3 +168,23 @@ async def test_replaying_a_group_replays_its_dead_letters_only_and_audits_each(
     ]
     assert {a["reason"] for a in audit[1:]} == {"vendor fixed"}
     assert (await replay_group(db, group)).replayed == []
+
+
+async def test_a_row_whose_error_left_the_group_before_the_lock_is_refused(db, clock, monkeypatch):
+    now = clock.now
+    ours, theirs = await insert_events(
+        db,
+        event_row(status="dead_letter", created_at=now, last_error="vendor refused order o-1"),
+        event_row(status="dead_letter", created_at=now, last_error="disk full"),
+    )
+    group = fingerprint("vendor refused order o-1")
+    stale = GroupMembers(group, (ours, theirs), (ours, theirs), {"orders.placed": 2})
+
+    async def listed_before_the_change(engine, fp, *, statuses):
+        return stale
+
+    monkeypatch.setattr(replay, "group_members", listed_before_the_change)
+    result = await replay.replay_group(db, group, operator="alice", now=now)
+    assert result.replayed == [ours]
+    assert result.refused == {theirs: f"its error is no longer in group {group}"}
+    assert (await row(db, theirs))["status"] == "dead_letter"
