@@ -17,6 +17,8 @@ engine.store, and rows written before it existed would have none.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import hashlib
 import re
 from collections import Counter
@@ -37,46 +39,43 @@ t = outbox_events
 #: Statuses whose rows carry an error worth grouping.
 GROUPED_STATUSES = (FAILED, DEAD_LETTER)
 #: Rows ``error_groups`` reads at most (newest first).
-DEFAULT_SCAN_LIMIT = 50_000
+DEFAULT_SCAN_LIMIT = 20_000  # about a second of normalising
 FINGERPRINT_LENGTH = 12
 NO_ERROR = "(no error text)"
 _PAGE = 2_000
 
-# Order matters: the wider shapes go first so a UUID is not read as hex and numbers.
-_RULES: tuple[tuple[re.Pattern[str], str], ...] = (
+# One pass over the text: at each position the first alternative that matches wins, so
+# the wider shapes come first (a UUID is not read as hex and numbers).
+_SHAPES = (
+    ("uuid", r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"),
     (
-        re.compile(
-            r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"
-        ),
-        "<uuid>",
+        "time",
+        r"\b\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?)?(?:Z|[+-]\d{2}:?\d{2}\b)?"
+        r"|\b\d{1,2}:\d{2}:\d{2}(?:[.,]\d+)?\b",
     ),
-    (
-        re.compile(
-            r"\b\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?)?"
-            r"(?:Z|[+-]\d{2}:?\d{2}\b)?"
-        ),
-        "<time>",
-    ),
-    (re.compile(r"\b\d{1,2}:\d{2}:\d{2}(?:[.,]\d+)?\b"), "<time>"),
-    (re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\""), "<str>"),
-    (re.compile(r"\b0[xX][0-9a-fA-F]+\b"), "<hex>"),
-    (re.compile(r"\b\d+\.\d+\b"), "<num>"),
+    ("str", r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\""),
+    ("hex", r"\b0[xX][0-9a-fA-F]+\b"),
+    ("num", r"\b\d+\.\d+\b"),
+    # Any other word with a digit: an id when long enough to name one thing (a hash,
+    # "cus_9aB3xQ12", "order-123456"), else its digits are numbers ("o-17", "utf8").
+    ("word", r"[A-Za-z0-9_-]*\d[A-Za-z0-9_-]*"),
 )
-_TOKEN = re.compile(r"[A-Za-z0-9_-]*\d[A-Za-z0-9_-]*")
+_VARYING = re.compile("|".join(f"(?P<{name}>{pattern})" for name, pattern in _SHAPES))
 _DIGITS = re.compile(r"\d+")
-# An id-like token: long enough that it names one thing (a hash, "cus_9aB3xQ", "order-123456").
 _ID_LENGTH = 8
 _REPEATS = re.compile(r"(<(?:uuid|time|str|hex|num|id)>)(?:,\s*\1)+")
-_SPACE = re.compile(r"\s+")
 
 
-def _token(match: re.Match[str]) -> str:
-    token = match.group(0)
-    if len(token) >= _ID_LENGTH and not token.isdigit():
+def _placeholder(match: re.Match[str]) -> str:
+    if match.lastgroup != "word":
+        return f"<{match.lastgroup}>"
+    word = match.group(0)
+    if len(word) >= _ID_LENGTH and not word.isdigit():
         return "<id>"
-    return _DIGITS.sub("<num>", token)
+    return _DIGITS.sub("<num>", word)
 
 
+@functools.lru_cache(maxsize=4096)  # the same text recurs (timeouts, refusals without ids)
 def normalise_error(error: str | None) -> str:
     """The error text with what varies per event replaced by ``<uuid>``, ``<num>``, ...
 
@@ -86,12 +85,8 @@ def normalise_error(error: str | None) -> str:
     """
     if error is None or not error.strip():
         return NO_ERROR
-    text = error
-    for pattern, placeholder in _RULES:
-        text = pattern.sub(placeholder, text)
-    text = _TOKEN.sub(_token, text)
-    text = _REPEATS.sub(r"\1", text)
-    return _SPACE.sub(" ", text).strip()
+    text = _REPEATS.sub(r"\1", _VARYING.sub(_placeholder, error))
+    return " ".join(text.split())
 
 
 def fingerprint(error: str | None) -> str:
@@ -184,9 +179,9 @@ def _check_statuses(statuses: Sequence[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(statuses))
 
 
-async def _rows(
+async def _pages(
     engine: AsyncEngine, statuses: Sequence[str], limit: int | None
-) -> AsyncIterator[Any]:
+) -> AsyncIterator[Sequence[Any]]:
     """Rows of ``statuses``, newest first, one keyset page per short read transaction.
 
     Each status is paged on its own (status, id) range of ix_outbox_events_status_id.
@@ -203,13 +198,31 @@ async def _rows(
             stmt = stmt.order_by(t.c.id.desc()).limit(page)
             async with storage_errors(engine.url), reader.connect() as conn:
                 found = (await conn.execute(stmt)).all()
-            for row in found:
-                yield row
+            if found:
+                yield found
             if left is not None:
                 left -= len(found)
             if len(found) < page:
                 break
             before = found[-1].id
+
+
+# Normalising is CPU work (~30 µs a row): each page is done in a worker thread so the
+# caller's event loop (the console) keeps running.
+
+
+def _add_page(groups: dict[str, ErrorGroup], rows: Sequence[Any]) -> None:
+    for row in rows:
+        message = normalise_error(error_text(row.last_error, row.dead_letter_reason))
+        key = _hash(message)  # fingerprint(), without normalising twice
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = ErrorGroup(key, message)
+        group.add(row)
+
+
+def _members_of(group: str, rows: Sequence[Any]) -> list[Any]:
+    return [r for r in rows if fingerprint(error_text(r.last_error, r.dead_letter_reason)) == group]
 
 
 async def error_groups(
@@ -224,16 +237,12 @@ async def error_groups(
     wanted = _check_statuses(statuses)
     groups: dict[str, ErrorGroup] = {}
     scanned = 0
-    async for row in _rows(engine, wanted, scan_limit + 1):
-        if scanned == scan_limit:
+    async for page in _pages(engine, wanted, scan_limit + 1):
+        rows = page[: scan_limit - scanned]
+        await asyncio.to_thread(_add_page, groups, rows)
+        scanned += len(rows)
+        if len(rows) < len(page):
             return ErrorGroups(_largest_first(groups), scanned, complete=False)
-        scanned += 1
-        message = normalise_error(error_text(row.last_error, row.dead_letter_reason))
-        key = _hash(message)  # fingerprint(), without normalising twice
-        group = groups.get(key)
-        if group is None:
-            group = groups[key] = ErrorGroup(key, message)
-        group.add(row)
     return ErrorGroups(_largest_first(groups), scanned, complete=True)
 
 
@@ -242,18 +251,15 @@ async def group_members(
 ) -> GroupMembers:
     """Every row of the group ``group`` (a fingerprint) now, read in full."""
     wanted = _check_statuses(statuses)
-    ids: list[tuple[str, str]] = []
-    by_type: Counter[str] = Counter()
-    async for row in _rows(engine, wanted, None):
-        if fingerprint(error_text(row.last_error, row.dead_letter_reason)) == group:
-            ids.append((row.id, row.status))
-            by_type[row.event_type] += 1
-    ids.sort()
+    members: list[Any] = []
+    async for page in _pages(engine, wanted, None):
+        members.extend(await asyncio.to_thread(_members_of, group, page))
+    members.sort(key=lambda r: r.id)
     return GroupMembers(
         fingerprint=group,
-        ids=tuple(i for i, _ in ids),
-        dead_letter_ids=tuple(i for i, s in ids if s == DEAD_LETTER),
-        by_type=dict(by_type.most_common()),
+        ids=tuple(r.id for r in members),
+        dead_letter_ids=tuple(r.id for r in members if r.status == DEAD_LETTER),
+        by_type=dict(Counter(r.event_type for r in members).most_common()),
     )
 
 
