@@ -27,9 +27,9 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Protocol
 
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from engine import store
+from engine import pauses, store
 from engine.backoff import BackoffPolicy
 from engine.clock import Clock, utc_now
 from engine.context import HandlerInvocation, _handler_invocation, _task_context
@@ -229,6 +229,15 @@ class OutboxDispatcher:
             return sorted({event_type for event_type, _version in self.registry.event_types()})
         return sorted({h.event_type for h in self.registry.all_handlers()})
 
+    async def _claim_scope(self, conn: AsyncConnection) -> store.ClaimScope:
+        """What this round may claim: the served types, less what operators paused.
+
+        Pauses are read in the claim's own transaction, so every dispatcher on every
+        machine obeys a pause from its next round on.
+        """
+        paused = pauses.claim_filter(await pauses.active_pauses(conn))
+        return store.ClaimScope(frozenset(self.served_types) - paused.event_types, paused.pairs)
+
     async def _round(self, stop: asyncio.Event | None) -> DispatchResult:
         if self.external_publisher is not None and not await self._publisher_ready():
             return DispatchResult()  # the broker is away: claim nothing, spend nothing
@@ -236,7 +245,7 @@ class OutboxDispatcher:
         async with self.engine.begin() as conn:
             batch = await store.claim_batch(
                 conn,
-                scope=store.ClaimScope(frozenset(self.served_types)),
+                scope=await self._claim_scope(conn),
                 dispatcher_id=self.dispatcher_id,
                 batch_size=self.batch_size,
                 lease=self.lease,

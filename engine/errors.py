@@ -75,6 +75,10 @@ class ReplayError(OutboxError):
     """A dead-letter replay was refused."""
 
 
+class PauseError(OutboxError):
+    """A pause or resume was refused (already paused, or not paused)."""
+
+
 class EventNotFoundError(OutboxError):
     """No outbox event has the given id."""
 

@@ -15,21 +15,25 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Integer, Select, Text, column, func, select, text, type_coerce
+from sqlalchemy import Integer, Select, Text, column, func, literal, select, text, type_coerce
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.sql.selectable import TextualSelect
 
 from engine.clock import Clock, utc_now
 from engine.database import read_only_engine, storage_errors
 from engine.errors import EventNotFoundError
 from engine.schema import (
+    BACKLOG_PREDICATE,
     DEAD_LETTER,
     FAILED,
+    IN_FLIGHT_PREDICATE,
     KEY_STALLED_PREDICATE,
     KEY_UNFINISHED_PREDICATE,
     KEYED_PREDICATE,
     PENDING,
     PUBLISHED,
     PUBLISHING,
+    REPLAYED_PENDING_PREDICATE,
     STATUSES,
     UtcDateTime,
     handler_runs,
@@ -87,6 +91,7 @@ class OverviewSnapshot:
     counts: Mapping[str, int]
     published_recent: int
     recent_window_seconds: float
+    # When the longest-waiting pending event became due: created, or replayed since.
     oldest_pending_at: datetime | None
     stuck_publishing: int
     awaiting_purge: int | None
@@ -123,6 +128,22 @@ class UnservedType:
     count: int
     oldest_created_at: datetime
     oldest_age_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class TypeCounts:
+    """One event type's undelivered events by status (``TYPE_STATUSES``)."""
+
+    event_type: str
+    counts: Mapping[str, int]
+
+    @property
+    def undelivered(self) -> int:
+        return sum(self.counts.values())
+
+
+#: The statuses ``top_types`` counts: waiting, in flight, failing and dead.
+TYPE_STATUSES = (PENDING, PUBLISHING, FAILED, DEAD_LETTER)
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,11 +351,7 @@ class OutboxInsights:
                 .select_from(t)
                 .where(t.c.status == PUBLISHED, t.c.published_at >= recent_since),
             )
-            oldest = (
-                await conn.execute(
-                    select(t.c.created_at).where(t.c.status == PENDING).order_by(t.c.id).limit(1)
-                )
-            ).scalar_one_or_none()
+            oldest = await _oldest_due(conn)
             stuck = await _scalar(
                 conn,
                 select(func.count())
@@ -374,6 +391,28 @@ class OutboxInsights:
             oldest_blocked_head_at=blocked.oldest,
             unserved=unserved,
         )
+
+    async def top_types(self, *, limit: int = 10) -> list[TypeCounts]:
+        """The ``limit`` event types with the most undelivered events, most first.
+
+        Pending, failed and dead letters are counted inside ix_outbox_events_type_backlog
+        (an index-only scan of the backlog, never of published rows); publishing rows
+        through the small in-flight index.
+        """
+        if limit < 1:
+            from engine.errors import ConfigurationError
+
+            raise ConfigurationError(f"limit must be at least 1, got {limit}")
+        async with storage_errors(self._engine.url), self._engine.connect() as conn:
+            found: dict[str, Counter[str]] = {}
+            for statement in top_types_statements():
+                for status, event_type, n in await conn.execute(statement):
+                    found.setdefault(event_type, Counter())[status] += int(n)
+        ranked = sorted(found.items(), key=lambda item: (-item[1].total(), item[0]))
+        return [
+            TypeCounts(event_type, {s: counts[s] for s in TYPE_STATUSES})
+            for event_type, counts in ranked[:limit]
+        ]
 
     async def blocked_keys(self, *, limit: int = 50) -> list[BlockedKey]:
         """Keys held back by a failed or dead-lettered head, oldest head first."""
@@ -572,6 +611,58 @@ async def _unserved(
         )
         for row in (await conn.execute(stmt)).all()
     ]
+
+
+def oldest_due_statements(dialect: str) -> tuple[Select[Any], TextualSelect]:
+    """The two probes of "oldest pending": the first never-replayed pending row by id
+    (ix_outbox_events_status_id), and the earliest replay among the replayed pending
+    rows (ix_outbox_events_replayed_pending, which holds only those).
+
+    The first walks past replayed pending rows with a lower id: at most as many as the
+    replayed-pending index holds.
+    """
+    created = (
+        select(t.c.created_at)
+        .where(t.c.status == PENDING, t.c.last_replayed_at.is_(None))
+        .order_by(t.c.id)
+        .limit(1)
+    )
+    table = "outbox_events"
+    if dialect == "sqlite":  # without statistics its planner prefers the status index
+        table += " INDEXED BY ix_outbox_events_replayed_pending"
+    replayed = text(
+        f"SELECT last_replayed_at FROM {table} WHERE {REPLAYED_PENDING_PREDICATE} "
+        "ORDER BY last_replayed_at LIMIT 1"
+    ).columns(column("last_replayed_at", UtcDateTime()))
+    return created, replayed
+
+
+async def _oldest_due(conn: AsyncConnection) -> datetime | None:
+    """When the longest-waiting pending event became due: created, or last replayed.
+
+    A replayed 40-day-old dead letter has waited since its replay, not for 40 days.
+    """
+    created, replayed = oldest_due_statements(conn.dialect.name)
+    found = [
+        (await conn.execute(created)).scalar_one_or_none(),
+        (await conn.execute(replayed)).scalar_one_or_none(),
+    ]
+    return min((f for f in found if f is not None), default=None)
+
+
+def top_types_statements() -> tuple[Select[Any], Select[Any]]:
+    """(status, event_type, count) rows: the backlog statuses, then the rows in flight."""
+    backlog = (
+        select(t.c.status, t.c.event_type, func.count())
+        .where(text(BACKLOG_PREDICATE))
+        .group_by(t.c.status, t.c.event_type)
+    )
+    in_flight = (  # locked_by is set exactly while a row is publishing (engine.schema)
+        select(literal(PUBLISHING), t.c.event_type, func.count())
+        .where(text(IN_FLIGHT_PREDICATE))
+        .group_by(t.c.event_type)
+    )
+    return backlog, in_flight
 
 
 async def _scalar(conn: AsyncConnection, stmt: Select[Any]) -> int:

@@ -14,6 +14,11 @@ Steps, in order (version 0.2, "Delivery v2"):
   SQLite cannot add constraints to an existing table, so an upgraded SQLite table keeps
   accepting rows its CHECKs would refuse; the dispatcher dead-letters those rows with the
   column named (engine.store.ClaimedRow.problem).
+
+Version 0.3 ("Incident workflows"): the tables ``outbox_pauses`` and ``outbox_pause_log``
+(made by ``create_all`` before the upgrade runs), and the indexes
+``ix_outbox_events_type_backlog`` and ``ix_outbox_events_replayed_pending`` (made by the
+index step above).
 """
 
 from __future__ import annotations
@@ -32,12 +37,14 @@ ADDED_COLUMNS = (
     ("outbox_events", "skipped_at"),
     ("outbox_replay_log", "action"),
 )
+#: Tables added since the first release: every dispatcher reads them.
+ADDED_TABLES = ("outbox_pauses", "outbox_pause_log")
 # Replaced by ix_outbox_events_unordered and ix_outbox_events_leased (now on locked_by).
 _RETIRED_INDEXES = ("ix_outbox_events_active", "ix_outbox_events_lease")
 
 
 def missing_columns(sync_conn: Connection) -> list[str]:
-    """``table.column`` names this version needs and the database lacks."""
+    """``table.column`` names, then whole tables, this version needs and the database lacks."""
     inspector = inspect(sync_conn)
     found: dict[str, set[str]] = {}
     missing = []
@@ -46,6 +53,8 @@ def missing_columns(sync_conn: Connection) -> list[str]:
             found[table] = {c["name"] for c in inspector.get_columns(table)}
         if column not in found[table]:
             missing.append(f"{table}.{column}")
+    tables = set(inspector.get_table_names())
+    missing.extend(table for table in ADDED_TABLES if table not in tables)
     return missing
 
 
@@ -57,6 +66,8 @@ def _upgrade(sync_conn: Connection) -> list[str]:
         sync_conn.execute(text(sql))
 
     for name in missing_columns(sync_conn):
+        if "." not in name:  # a table: create_all made it before this step
+            continue
         table, column = name.split(".")
         if name == "outbox_events.seq":
             if pg:  # PostgreSQL numbers the existing rows as it adds the identity column

@@ -10,6 +10,11 @@ replay or skip) with who, why and when.
 A skipped event that is replayed later goes to the back of its key's queue (a
 new ``seq``): its key has moved on, and it must not jump ahead of events that
 may already be in flight.
+
+``replay_group`` replays the dead letters of one error group (engine.error_groups),
+re-checking each row's fingerprint under the lock. ``check_dedup_window`` says how
+many events of a replay are older than the consumers' dedup window: consumers
+that remember event ids for that long may process those events twice.
 """
 
 from __future__ import annotations
@@ -17,17 +22,23 @@ from __future__ import annotations
 import getpass
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import insert, select, text, update
+from sqlalchemy import func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from engine.clock import utc_now
-from engine.errors import ReplayError
+from engine.database import read_only_engine, storage_errors
+from engine.error_groups import error_text, fingerprint, group_members
+from engine.errors import ConfigurationError, ReplayError
 from engine.schema import DEAD_LETTER, PENDING, outbox_events, replay_log
 
 t = outbox_events
+
+#: How long consumers remember the event ids they processed, unless configured.
+DEFAULT_DEDUP_WINDOW = timedelta(days=7)
+_ID_CHUNK = 500  # ids per IN list: well under every driver's parameter limit
 
 
 @dataclass(slots=True)
@@ -71,6 +82,62 @@ async def replay_dead_letter(
     ``strict=False`` to get per-id refusals in the result instead. Handlers
     are never run here: the dispatcher picks the events up as usual.
     """
+    return await _replay(
+        engine,
+        event_ids,
+        lambda row: None,
+        operator=operator,
+        reason=reason,
+        now=now,
+        strict=strict,
+    )
+
+
+async def replay_group(
+    engine: AsyncEngine,
+    group: str,
+    *,
+    operator: str | None = None,
+    reason: str | None = None,
+    now: datetime | None = None,
+) -> ReplayResult:
+    """Replay every dead letter of the error group ``group`` (a fingerprint), audited.
+
+    The group's dead letters are listed (engine.error_groups.group_members), then
+    replayed like ``replay_dead_letter``; a row whose error no longer has this
+    fingerprint when it is locked is refused, as is a row that stopped being a dead
+    letter. Refusals are returned, not raised. Failed rows of the group are left to
+    their retries.
+    """
+    members = await group_members(engine, group, statuses=(DEAD_LETTER,))
+
+    def other_group(row: Any) -> str | None:
+        if fingerprint(error_text(row.last_error, row.dead_letter_reason)) != group:
+            return f"its error is no longer in group {group}"
+        return None
+
+    return await _replay(
+        engine,
+        members.dead_letter_ids,
+        other_group,
+        operator=operator,
+        reason=reason,
+        now=now,
+        strict=False,
+    )
+
+
+async def _replay(
+    engine: AsyncEngine,
+    event_ids: Sequence[str],
+    refuse: Callable[[Any], str | None],
+    *,
+    operator: str | None,
+    reason: str | None,
+    now: datetime | None,
+    strict: bool,
+) -> ReplayResult:
+    """Back to pending with a fresh attempt budget: the one replay both entry points share."""
     now = now or utc_now()
 
     async def to_back_of_key(conn: AsyncConnection, done: list[str], before: _Rows) -> None:
@@ -82,7 +149,7 @@ async def replay_dead_letter(
         engine,
         event_ids,
         action=("replay", "replayed"),
-        refuse=lambda row: None,
+        refuse=refuse,
         values={
             "status": PENDING,
             "attempt_count": 0,
@@ -258,3 +325,66 @@ async def _to_back_of_key(conn: AsyncConnection, event_id: str) -> None:
             "seq = (SELECT max(rowid) + 1 FROM outbox_events) WHERE id = :id"
         )
     await conn.execute(text(sql), {"id": event_id})
+
+
+@dataclass(frozen=True, slots=True)
+class DedupCheck:
+    """How many events of a replay are older than the consumers' dedup window."""
+
+    window: timedelta
+    checked: int
+    outside: int  # created before now - window
+    oldest_created_at: datetime | None  # of those outside
+
+    @property
+    def safe(self) -> bool:
+        return self.outside == 0
+
+    def warning(self) -> str | None:
+        """One line for a confirmation dialog or the CLI, or None when the replay is safe."""
+        if self.safe:
+            return None
+        return (
+            f"{self.outside} of {self.checked} event(s) are older than the consumers' "
+            f"{_duration(self.window)} dedup window: consumers may process them twice"
+        )
+
+
+async def check_dedup_window(
+    engine: AsyncEngine,
+    event_ids: Sequence[str],
+    *,
+    window: timedelta = DEFAULT_DEDUP_WINDOW,
+    now: datetime | None = None,
+) -> DedupCheck:
+    """Count the events among ``event_ids`` created more than ``window`` ago.
+
+    By ``created_at``: consumers first saw an event around then, and remember its
+    id for ``window``. Primary-key lookups, ``_ID_CHUNK`` ids a query.
+    """
+    if window <= timedelta(0):
+        raise ConfigurationError(f"the dedup window must be positive, got {window}")
+    cutoff = (now or utc_now()) - window
+    unique_ids = list(dict.fromkeys(event_ids))
+    outside = 0
+    oldest: datetime | None = None
+    async with storage_errors(engine.url), read_only_engine(engine).connect() as conn:
+        for start in range(0, len(unique_ids), _ID_CHUNK):
+            chunk = unique_ids[start : start + _ID_CHUNK]
+            stmt = select(func.count(), func.min(t.c.created_at)).where(
+                t.c.id.in_(chunk), t.c.created_at < cutoff
+            )
+            count, first = (await conn.execute(stmt)).one()
+            outside += int(count)
+            if first is not None and (oldest is None or first < oldest):
+                oldest = first
+    return DedupCheck(window, len(unique_ids), outside, oldest)
+
+
+def _duration(window: timedelta) -> str:
+    """7 days, 36 hours, 90 minutes: the largest whole unit."""
+    seconds = int(window.total_seconds())
+    for unit, size in (("day", 86_400), ("hour", 3_600), ("minute", 60)):
+        if seconds % size == 0 and seconds >= size:
+            return f"{seconds // size}-{unit}"
+    return f"{seconds}-second"

@@ -243,6 +243,24 @@ Index(
 )
 # Operators look events up by aggregate id (the console's filter, incident triage).
 Index("ix_outbox_events_aggregate_id", outbox_events.c.aggregate_id)
+# Events that wait or failed, by type: "which type is hurting" (engine.insights.top_types)
+# and how many events a pause holds back (engine.pauses), counted inside this index.
+BACKLOG_PREDICATE = "status IN ('pending', 'failed', 'dead_letter')"
+Index(
+    "ix_outbox_events_type_backlog",
+    outbox_events.c.status,
+    outbox_events.c.event_type,
+    outbox_events.c.tenant_id,
+    **_where(BACKLOG_PREDICATE),
+)
+# Replayed events waiting for delivery: the oldest of them is due since its replay, not
+# its creation (engine.insights' "oldest pending"). Only replayed rows have an entry.
+REPLAYED_PENDING_PREDICATE = "status = 'pending' AND last_replayed_at IS NOT NULL"
+Index(
+    "ix_outbox_events_replayed_pending",
+    outbox_events.c.last_replayed_at,
+    **_where(REPLAYED_PENDING_PREDICATE),
+)
 
 
 
@@ -338,6 +356,34 @@ replay_log = Table(
 )
 Index("ix_outbox_replay_log_event", replay_log.c.event_id, replay_log.c.id)
 
+# Delivery paused per event type, for every tenant (tenant_id ALL_TENANTS) or one tenant.
+# Paused events stay pending and spend no attempts (see engine.pauses).
+ALL_TENANTS = ""
+pauses = Table(
+    "outbox_pauses",
+    metadata,
+    Column("event_type", String(200), primary_key=True),
+    Column("tenant_id", String(128), primary_key=True, server_default=ALL_TENANTS),
+    Column("reason", Text, nullable=False),
+    Column("paused_by", String(200), nullable=False),
+    Column("paused_at", UtcDateTime(), nullable=False),
+)
+
+# Who paused or resumed what, why and when (tenant_id null: every tenant).
+pause_log = Table(
+    "outbox_pause_log",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("action", String(16), nullable=False),
+    Column("event_type", String(200), nullable=False),
+    Column("tenant_id", String(128), nullable=True),
+    Column("operator", String(200), nullable=False),
+    Column("reason", Text, nullable=True),
+    Column("at", UtcDateTime(), nullable=False),
+    CheckConstraint("action IN ('pause', 'resume')", name="ck_outbox_pause_log_action"),
+)
+Index("ix_outbox_pause_log_type", pause_log.c.event_type, pause_log.c.id)
+
 locks = Table(
     "outbox_locks",
     metadata,
@@ -346,4 +392,13 @@ locks = Table(
     Column("expires_at", UtcDateTime(), nullable=False),
 )
 
-ALL_TABLES = (outbox_events, process_heartbeats, handler_runs, side_effects, replay_log, locks)
+ALL_TABLES = (
+    outbox_events,
+    process_heartbeats,
+    handler_runs,
+    side_effects,
+    replay_log,
+    pauses,
+    pause_log,
+    locks,
+)

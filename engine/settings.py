@@ -37,6 +37,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from engine.database import DEFAULT_DATABASE_URL, parse_database_url
 from engine.dispatcher import DEFAULT_MAX_CONCURRENCY, MAX_BATCH_SIZE
 from engine.errors import ConfigurationError, DatabaseUrlError
+from engine.replay import DEFAULT_DEDUP_WINDOW
 
 ENV_PREFIX = "OUTBOX_"
 _HOUR = 3600.0
@@ -251,6 +252,15 @@ class OutboxSettings(BaseSettings):
     ] = None
     console: ConsoleSettings = Field(default_factory=lambda: ConsoleSettings())
     dispatcher: DispatcherSettings = Field(default_factory=lambda: DispatcherSettings())
+    # How long consumers remember event ids: replays of older events warn (engine.replay).
+    dedup_window_seconds: Annotated[
+        float,
+        Field(
+            gt=0,
+            le=_TEN_YEARS,
+            description="consumers' dedup window: replays of older events warn (default 7 days)",
+        ),
+    ] = DEFAULT_DEDUP_WINDOW.total_seconds()
 
     @field_validator("log_level", mode="before")
     @classmethod

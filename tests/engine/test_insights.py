@@ -10,8 +10,9 @@ from sqlalchemy import insert
 from engine import EventHandlerPermanentError, OutboxDispatcher, replay_dead_letter
 from engine.errors import ConfigurationError, EventNotFoundError
 from engine.insights import EventFilter, OutboxInsights
-from engine.schema import process_heartbeats
+from engine.schema import outbox_events, process_heartbeats
 
+from .seeding import event_row, insert_events
 from .test_dispatch import publish
 
 
@@ -93,3 +94,59 @@ async def test_event_detail_has_history_runs_and_payload(db, registry, clock):
     ]
     with pytest.raises(EventNotFoundError):
         await OutboxInsights(db).event_detail("missing")
+
+
+async def test_oldest_pending_counts_from_the_replay_not_the_creation(db, clock):
+    now = clock.now
+    # A 40-day-old dead letter replayed 2 minutes ago, with a lower id than the others.
+    await insert_events(
+        db,
+        event_row(created_at=now - timedelta(days=40), last_replayed_at=now - timedelta(minutes=2)),
+        event_row(status="published", created_at=now - timedelta(days=1)),
+    )
+    insights = OutboxInsights(db, clock=clock)
+    assert (await insights.overview()).oldest_pending_age_seconds == 120
+    await insert_events(db, event_row(created_at=now - timedelta(minutes=5)))
+    assert (await insights.overview()).oldest_pending_age_seconds == 300
+    await insert_events(
+        db,
+        event_row(created_at=now - timedelta(days=3), last_replayed_at=now - timedelta(minutes=9)),
+    )
+    assert (await insights.overview()).oldest_pending_age_seconds == 540
+
+
+async def test_top_types_rank_event_types_by_undelivered_events(db, clock):
+    seeds = {
+        ("orders.placed", "pending"): 3,
+        ("orders.placed", "published"): 50,
+        ("orders.placed", "dead_letter"): 1,
+        ("invoices.sent", "failed"): 4,
+        ("invoices.sent", "dead_letter"): 2,
+        ("invoices.sent", "publishing"): 1,
+        ("users.signed_up", "published"): 100,
+        ("mail.sent", "pending"): 1,
+    }
+    await insert_events(
+        db,
+        *(
+            event_row(status=status, event_type=event_type, created_at=clock.now)
+            for (event_type, status), n in seeds.items()
+            for _ in range(n)
+        ),
+    )
+    async with db.begin() as conn:  # a publishing row holds a lease (engine.schema)
+        await conn.execute(
+            outbox_events.update()
+            .where(outbox_events.c.status == "publishing")
+            .values(locked_by="d1", locked_until=clock.now)
+        )
+    insights = OutboxInsights(db, clock=clock)
+    top = await insights.top_types()
+    assert [(t.event_type, t.undelivered, dict(t.counts)) for t in top] == [
+        ("invoices.sent", 7, {"pending": 0, "publishing": 1, "failed": 4, "dead_letter": 2}),
+        ("orders.placed", 4, {"pending": 3, "publishing": 0, "failed": 0, "dead_letter": 1}),
+        ("mail.sent", 1, {"pending": 1, "publishing": 0, "failed": 0, "dead_letter": 0}),
+    ]
+    assert [t.event_type for t in await insights.top_types(limit=1)] == ["invoices.sent"]
+    with pytest.raises(ConfigurationError, match="limit must be at least 1"):
+        await insights.top_types(limit=0)

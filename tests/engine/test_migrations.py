@@ -65,3 +65,22 @@ async def test_init_db_upgrades_in_place_and_keeps_the_rows(db, registry, clock)
         await conn.execute(text(OLD_ROW), {"id": "new-1"})
         seqs = dict((await conn.execute(text("SELECT id, seq FROM outbox_events"))).all())
     assert seqs["new-1"] > max(v for k, v in seqs.items() if k != "new-1")
+
+
+async def test_a_database_without_the_pause_tables_is_refused_then_upgraded(db):
+    async with db.begin() as conn:  # a 0.2 database: no pause tables, no incident indexes
+        await conn.execute(text("DROP TABLE outbox_pause_log"))
+        await conn.execute(text("DROP TABLE outbox_pauses"))
+        for index in ("ix_outbox_events_type_backlog", "ix_outbox_events_replayed_pending"):
+            await conn.execute(text(f"DROP INDEX {index}"))
+    with pytest.raises(SchemaOutdatedError, match="outbox_pauses, outbox_pause_log"):
+        await check_schema(db)
+    steps = await create_schema(db)
+    assert sorted(steps) == [
+        "created index ix_outbox_events_replayed_pending",
+        "created index ix_outbox_events_type_backlog",
+    ]
+    await check_schema(db)
+    async with db.connect() as conn:
+        tables = await conn.run_sync(lambda sync: set(inspect(sync).get_table_names()))
+    assert {"outbox_pauses", "outbox_pause_log"} <= tables

@@ -185,3 +185,32 @@ async def test_stats_names_the_types_no_live_dispatcher_serves(db, registry, clo
     assert oldest.oldest_age_seconds == max(
         0.0, (overview.taken_at - oldest.oldest_created_at).total_seconds()
     )
+
+
+async def test_paused_types_and_tenants_wait_unattempted_until_resumed(db, registry, clock):
+    from engine.pauses import pause, resume
+
+    seen: list[str] = []
+    handling(registry, "orders.placed", seen)
+    handling(registry, "orders.cancelled", seen)
+    await insert(db, ("p-acme", "orders.placed"), ("c-acme", "orders.cancelled"), tenant="acme")
+    await insert(db, ("p-globex", "orders.placed"), tenant="globex")
+    await insert(db, ("k1", "orders.cancelled"), ("k2", "orders.placed"), key="order:o-9")
+    await pause(db, "orders.cancelled", reason="vendor down", operator="ops")
+    await pause(db, "orders.placed", "globex", reason="globex webhook 500s", operator="ops")
+
+    dispatcher = OutboxDispatcher(db, registry, clock=clock)
+    result = await dispatcher.dispatch_once()
+    assert seen == ["p-acme"]  # k2 waits behind its paused head k1
+    for event_id in ("c-acme", "p-globex", "k1", "k2"):
+        waiting = await row(db, event_id)
+        assert (waiting["status"], waiting["attempt_count"]) == ("pending", 0), event_id
+    assert (result.claimed, result.failed, result.dead_lettered) == (1, 0, 0)
+
+    await resume(db, "orders.cancelled", operator="ops")
+    await dispatcher.dispatch_once()
+    await dispatcher.dispatch_once()
+    assert sorted(seen) == ["c-acme", "k1", "k2", "p-acme"]
+    await resume(db, "orders.placed", "globex", operator="ops")
+    await dispatcher.dispatch_once()
+    assert "p-globex" in seen
