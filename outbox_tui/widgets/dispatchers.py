@@ -11,7 +11,7 @@ from textual.content import Content
 from textual.widgets import DataTable, Static
 
 from engine.insights import HeartbeatView, UnservedType
-from outbox_tui.widgets.format import count, duration, heartbeat_state_text
+from outbox_tui.widgets.format import compact, count, duration, heartbeat_state_text
 
 COLUMNS = (
     ("instance", "instance"),
@@ -25,6 +25,9 @@ COLUMNS = (
     ("failed", "failed"),
     ("dead", "dead letter"),
 )
+# Below 110 columns: who, whether alive, and what they delivered; totals abbreviated.
+NARROW_COLUMNS = ("instance", "where", "state", "seen", "published", "failed", "dead")
+NARROW_BELOW = 110
 
 MAX_ROWS = 5
 NO_HEARTBEAT = (
@@ -58,19 +61,37 @@ class DispatchersPanel(Vertical):
         self.polled = False
         self.local_dispatch = "stopped"
         self.border_title = "Dispatchers"
+        self._heartbeats: Sequence[HeartbeatView] = ()
+        self._narrow: bool | None = None
 
     def compose(self) -> ComposeResult:
         table: DataTable[Text | str] = DataTable(
             id="dispatcher-table", cursor_type="none", zebra_stripes=False
         )
         table.can_focus = False
-        for key, label in COLUMNS:
-            table.add_column(label, key=key)
         yield table
         yield Static(Content(empty_note(False, self.local_dispatch)), id="no-dispatchers")
 
     def on_mount(self) -> None:
         self.add_class("-empty")  # until the first refresh lists someone
+
+    def on_resize(self) -> None:
+        if self._columns_fit():
+            return
+        self._fill(self._heartbeats)
+
+    def _columns_fit(self) -> bool:
+        """Whether the table's columns suit the width (set up anew when not)."""
+        narrow = self.size.width < NARROW_BELOW
+        if narrow == self._narrow:
+            return True
+        self._narrow = narrow
+        table = self.query_one(DataTable)
+        table.clear(columns=True)
+        for key, label in COLUMNS:
+            if not narrow or key in NARROW_COLUMNS:
+                table.add_column("dead" if narrow and key == "dead" else label, key=key)
+        return False
 
     def local_dispatch_changed(self, state: str) -> None:
         """The console's own dispatcher changed state (the header shows the same)."""
@@ -98,23 +119,30 @@ class DispatchersPanel(Vertical):
             if unserved
             else None
         )
+        self._heartbeats = heartbeats
+        self._columns_fit()
+        self._fill(heartbeats)
+
+    def _fill(self, heartbeats: Sequence[HeartbeatView]) -> None:
         table = self.query_one(DataTable)
         table.clear()
+        number = compact if self._narrow else count
+        keys = [str(column.key.value) for column in table.ordered_columns]
         for hb in heartbeats:
             up = (hb.last_seen_at - hb.started_at).total_seconds()
-            table.add_row(
-                hb.instance_id,
-                f"{hb.host}:{hb.pid}",
-                heartbeat_state_text(hb.state, hb.waiting_for),
-                f"{duration(hb.last_seen_age_seconds)} ago",
-                duration(up),
-                count(hb.iterations),
-                count(hb.total("claimed")),
-                count(hb.total("published")),
-                count(hb.total("failed")),
-                count(hb.total("dead_lettered")),
-                key=hb.instance_id,
-            )
+            cells: dict[str, Text | str] = {
+                "instance": hb.instance_id,
+                "where": f"{hb.host}:{hb.pid}",
+                "state": heartbeat_state_text(hb.state, hb.waiting_for),
+                "seen": f"{duration(hb.last_seen_age_seconds)} ago",
+                "up": duration(up),
+                "iterations": number(hb.iterations),
+                "claimed": number(hb.total("claimed")),
+                "published": number(hb.total("published")),
+                "failed": number(hb.total("failed")),
+                "dead": number(hb.total("dead_lettered")),
+            }
+            table.add_row(*(cells[key] for key in keys), key=hb.instance_id)
         # An explicit height: an auto-height table does not regrow when rows arrive later.
         table.styles.height = min(len(heartbeats), MAX_ROWS) + 1
         self.set_class(not heartbeats, "-empty")
