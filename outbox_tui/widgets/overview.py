@@ -12,6 +12,7 @@ from textual.widgets import Static
 
 from engine.insights import OverviewSnapshot
 from outbox_tui.widgets.format import RICH_STATUS_STYLES, compact, count, duration, fitted
+from outbox_tui.widgets.trend import TrendLine
 
 # (status, label, the label where that does not fit)
 TILES = (
@@ -157,6 +158,7 @@ class OverviewPanel(Horizontal):
                     yield CountTile(status, label, short)
                 yield CountTile(BLOCKED_TILE, "blocked keys", "blocked")
             yield HealthLine("waiting for the first refresh…", id="health")
+            yield TrendLine(id="trend")  # the trend verdict's slot: hidden until fed
         with Vertical(id="throughput") as box:
             box.border_title = "published per refresh"
             yield Static(sparkline([], 34), id="sparkline")
