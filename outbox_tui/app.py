@@ -66,6 +66,10 @@ class OutboxConsole(App[int]):
     CSS_PATH = "styles.tcss"
     TITLE = "outbox-tui"
     BINDINGS = bindings(app=True)
+    # Every screen gets one width and one height class; styles.tcss fits the panels
+    # and dialogs to 80x24 (narrow, short) up to 160x48 and beyond (wide, tall).
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-medium"), (140, "-wide")]  # noqa: RUF012
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (36, "-tall")]  # noqa: RUF012
 
     def __init__(
         self,

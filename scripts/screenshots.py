@@ -4,7 +4,8 @@ The real app from ``make_app`` runs headless on the deterministic showcase
 database (example orders from a fixed seed, a fixed clock) and goes through the
 same scenes as the snapshot tests: overview, events with detail, dead letters,
 the replay confirmation, blocked keys, a blocked head's detail, the skip
-confirmation and help. Each scene gets a fresh copy of the database.
+confirmation, help, the filter and the palette; then four of them at 80x24.
+Each scene gets a fresh copy of the database.
 
     .venv/bin/python scripts/screenshots.py [--out DIR] [--size 160x45]
 """
@@ -40,17 +41,22 @@ NAMES = {
     "blocked-head-detail": "blocked-head-detail.svg",
     "confirm-skip": "confirm-skip.svg",
     "help": "help.svg",
+    "filter": "filter.svg",
+    "palette": "palette.svg",
 }
+# At 80x24 too: the terminal operators have.
+SMALL = (80, 24)
+SMALL_SCENES = ("overview", "events-detail", "confirm-replay", "blocked-keys")
 
 
-async def shoot(scene: str, out: Path, size: tuple[int, int]) -> Path:
+async def shoot(scene: str, out: Path, size: tuple[int, int], name: str) -> Path:
     clock = FixedClock()
     app = showcase_app(clock)
     async with app.run_test(size=size) as pilot:
         await SCENES[scene](pilot, clock)
         await pilot.pause()
         await pilot.wait_for_scheduled_animations()
-        return Path(app.save_screenshot(NAMES[scene], path=str(out)))
+        return Path(app.save_screenshot(name, path=str(out)))
 
 
 def main() -> int:
@@ -66,12 +72,14 @@ def main() -> int:
         master = Path(tmp) / "master"
         master.mkdir()
         asyncio.run(build_showcase(f"sqlite+aiosqlite:///{master}/showcase.db"))
-        for scene in SCENES:
-            work = Path(tmp) / scene
+        shots = [(scene, (width, height), NAMES[scene]) for scene in SCENES]
+        shots += [(s, SMALL, NAMES[s].replace(".svg", "-80x24.svg")) for s in SMALL_SCENES]
+        for scene, size, name in shots:
+            work = Path(tmp) / name
             work.mkdir()
             shutil.copy(master / "showcase.db", work / "showcase.db")
             os.chdir(work)  # the app opens ./showcase.db: no temporary path in the header
-            path = asyncio.run(shoot(scene, out, (width, height)))
+            path = asyncio.run(shoot(scene, out, size, name))
             print(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
         os.chdir(ROOT)
     return 0

@@ -13,6 +13,8 @@ from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
+from outbox_tui.widgets.text_field import TextField
+
 
 @dataclass(frozen=True, slots=True)
 class Confirmation:
@@ -26,9 +28,15 @@ class ConfirmModal(ModalScreen[Confirmation | None]):
 
     The focus starts on Cancel, so a stray ``enter`` changes nothing. Typing any other
     letter than ``y``/``n`` starts the optional reason (the field takes the focus and
-    the letter), as does ``tab``; ``enter`` there moves to the confirm button rather
-    than confirming, so only ``y`` or the button ever proceeds.
+    the letter), as does ``tab`` or a paste; ``enter`` there moves to the confirm
+    button rather than confirming, so only ``y`` or the button ever proceeds.
+
+    Once the reason has started every printable key is text, ``y`` and ``n`` too,
+    including the keys of a burst (a fast typist, ``tmux send-keys``) that Textual had
+    already queued for the button before the field took the focus.
     """
+
+    AUTO_FOCUS = "#cancel"
 
     BINDINGS = [  # noqa: RUF012 - Textual's declaration style
         Binding("y", "confirm", "Confirm", id="confirm"),
@@ -58,7 +66,7 @@ class ConfirmModal(ModalScreen[Confirmation | None]):
             yield Static(self.body, id="confirm-body")
             if self.ask_reason:
                 yield Label("Reason (optional)", classes="field-label")
-                yield Input(
+                yield TextField(
                     placeholder=self.reason_placeholder,
                     id="reason",
                     max_length=500,
@@ -69,19 +77,34 @@ class ConfirmModal(ModalScreen[Confirmation | None]):
                 yield Button(Content("Cancel  [n]"), id="cancel", variant="default")
 
     def on_mount(self) -> None:
-        self.query_one("#cancel", Button).focus()
+        self.set_focus(self.query_one("#cancel", Button))
 
     def on_key(self, event: events.Key) -> None:
-        """Start the reason with the first letter typed, wherever the focus is."""
-        if not self.ask_reason or not event.is_printable or event.character in (None, "y", "n"):
+        """Start the reason with the first letter typed, wherever the focus is.
+
+        A printable key gets here only when a button had it (the field keeps its own):
+        before the reason starts ``y``/``n`` are left to the bindings; after it started
+        (the key was queued for a button before the field took the focus) it is text.
+        """
+        if not self.ask_reason or not event.is_printable or event.character is None:
             return
         reason = self.query_one("#reason", Input)
-        if self.focused is reason:
-            return
+        if self.focused is not reason:
+            if event.character in ("y", "n"):
+                return
+            self.set_focus(reason)  # at once: the next key of a burst finds the field
         event.stop()
         event.prevent_default()
-        reason.focus()
         reason.insert_text_at_cursor(event.character)
+
+    def on_paste(self, event: events.Paste) -> None:
+        """A paste that reached a button (the focus starts on Cancel) is the reason."""
+        if not self.ask_reason or not event.text:
+            return
+        reason = self.query_one("#reason", Input)
+        self.set_focus(reason)
+        event.stop()
+        reason.insert_text_at_cursor(event.text.splitlines()[0])
 
     def action_confirm(self) -> None:
         reason = ""
@@ -102,4 +125,4 @@ class ConfirmModal(ModalScreen[Confirmation | None]):
 
     @on(Input.Submitted, "#reason")
     def _reason_done(self) -> None:
-        self.query_one("#confirm", Button).focus()
+        self.set_focus(self.query_one("#confirm", Button))

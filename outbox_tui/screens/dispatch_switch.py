@@ -12,6 +12,7 @@ from outbox_tui.messages import (
 )
 from outbox_tui.screens.base import ConsoleScreen
 from outbox_tui.screens.confirm import Confirmation, ConfirmModal
+from outbox_tui.widgets.dispatchers import DispatchersPanel
 from outbox_tui.widgets.format import one_line
 from outbox_tui.widgets.status_bar import StatusBar
 
@@ -91,3 +92,4 @@ class DispatchSwitch(ConsoleScreen):
         bar = self.query_one(StatusBar)
         bar.dispatch = state
         bar.dispatch_target = self.console_app.dispatch.target
+        self.query_one(DispatchersPanel).local_dispatch_changed(state)

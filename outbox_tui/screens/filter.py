@@ -16,6 +16,7 @@ from textual.widgets import Button, Input, Label, Static
 
 from engine.insights import EventFilter
 from engine.schema import DEAD_LETTER, STATUSES
+from outbox_tui.widgets.text_field import TextField
 
 _ALIASES = {"dead": DEAD_LETTER, "deadletter": DEAD_LETTER, "dlq": DEAD_LETTER}
 
@@ -64,7 +65,7 @@ class FilterModal(ModalScreen[EventFilter | None]):
             title = "Filter dead letters" if self.dead_letters_only else "Filter events"
             yield Label(title, classes="dialog-title")
             yield Label("Status (comma separated)", classes="field-label")
-            status = Input(
+            status = TextField(
                 value="dead_letter" if self.dead_letters_only else ", ".join(flt.statuses),
                 placeholder=", ".join(STATUSES),
                 suggester=SuggestFromList(STATUSES, case_sensitive=False),
@@ -73,7 +74,7 @@ class FilterModal(ModalScreen[EventFilter | None]):
             )
             yield status
             yield Label("Event type", classes="field-label")
-            yield Input(
+            yield TextField(
                 value=flt.event_type or "",
                 placeholder="any, e.g. "
                 + (self.event_types[0] if self.event_types else "orders.placed"),
@@ -81,16 +82,16 @@ class FilterModal(ModalScreen[EventFilter | None]):
                 id="filter-type",
             )
             yield Label("Tenant", classes="field-label")
-            yield Input(
+            yield TextField(
                 value=flt.tenant_id or "",
                 placeholder="any",
                 suggester=SuggestFromList(self.tenants, case_sensitive=True),
                 id="filter-tenant",
             )
             yield Label("Aggregate id", classes="field-label")
-            yield Input(value=flt.aggregate_id or "", placeholder="any", id="filter-aggregate")
+            yield TextField(value=flt.aggregate_id or "", placeholder="any", id="filter-aggregate")
             yield Label("Ordering key (shows the key's undelivered events)", classes="field-label")
-            yield Input(
+            yield TextField(
                 value=flt.ordering_key or "",
                 placeholder="any, e.g. "
                 + (self.ordering_keys[0] if self.ordering_keys else "order:<order id>"),
@@ -104,8 +105,10 @@ class FilterModal(ModalScreen[EventFilter | None]):
                 yield Button(Content("Cancel  [esc]"), id="cancel")
 
     def on_mount(self) -> None:
+        # At once (``focus()`` waits its turn behind keys already typed, and would take
+        # the focus back from a field a fast tab had moved on to).
         first = "#filter-type" if self.dead_letters_only else "#filter-status"
-        self.query_one(first, Input).focus()
+        self.set_focus(self.query_one(first, Input))
 
     def _value(self, selector: str) -> str | None:
         return self.query_one(selector, Input).value.strip() or None
@@ -119,7 +122,7 @@ class FilterModal(ModalScreen[EventFilter | None]):
             )
         except ValueError as exc:
             self.query_one("#filter-error", Static).update(Content(str(exc)))
-            self.query_one("#filter-status", Input).focus()
+            self.set_focus(self.query_one("#filter-status", Input))
             return
         self.dismiss(
             EventFilter(

@@ -6,7 +6,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
@@ -41,7 +41,9 @@ class HelpScreen(ModalScreen[None]):
         self.page_size = page_size
 
     def compose(self) -> ComposeResult:
-        with Vertical(id="help-dialog", classes="dialog"):
+        # Scrolls (arrows, pgup/pgdn) where the terminal is shorter than the keys.
+        with VerticalScroll(id="help-dialog", classes="dialog") as box:
+            box.border_subtitle = "↑ ↓ scroll · esc close"
             yield Label("Keys", classes="dialog-title")
             yield Static(keys_table(self.page_size), id="help-keys")
             yield Static(

@@ -81,8 +81,10 @@ class BlockedKeysTable(DataTable[Text | str]):
 
     def _cells(self, k: BlockedKey) -> list[Text | str]:
         waiting = Text(f"{k.waiting:,}", style=WAITING_STYLE if k.waiting else MUTED_STYLE)
+        # Narrow terminals: the key gives way, so the waiting count after it shows whole.
+        key_width = 48 if self.size.width >= 100 else 22
         return [
-            one_line(k.ordering_key, 48),
+            one_line(k.ordering_key, key_width),
             waiting,
             status_text(k.head_status),
             duration(k.head_age_seconds),

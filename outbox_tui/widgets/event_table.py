@@ -128,7 +128,7 @@ class EventTable(DataTable[Text | str]):
                 str(e.replay_count) if e.replay_count else "—",
                 e.tenant_id,
                 aggregate,
-                one_line(e.dead_letter_reason, 80),
+                one_line(e.dead_letter_reason, max(40, self.size.width - 70)),
             ]
         retry: Text | str = "—"
         if e.status == "failed" and e.next_retry_at is not None:
@@ -145,5 +145,6 @@ class EventTable(DataTable[Text | str]):
             retry,
             e.tenant_id,
             aggregate,
-            Text(one_line(e.last_error, 60), style=MUTED_STYLE),
+            # Wide terminals give the error the room the other columns leave.
+            Text(one_line(e.last_error, max(40, self.size.width - 100)), style=MUTED_STYLE),
         ]

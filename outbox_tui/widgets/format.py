@@ -68,6 +68,35 @@ def count(value: int | None) -> str:
     return "—" if value is None else f"{value:,}"
 
 
+_UNITS = (("k", 1_000), ("M", 1_000_000), ("B", 1_000_000_000), ("T", 1_000_000_000_000))
+
+
+def compact(value: int | None) -> str:
+    """A count in at most five characters, never cut: ``9,999``, ``12.3k``, ``456k``, ``1.0M``.
+
+    Below 10,000 the exact number; above, three significant digits and a unit, rounded
+    (so 999,999 reads ``1.0M``, not ``1,000k``). An em dash for None.
+    """
+    if value is None:
+        return "—"
+    if abs(value) < 10_000:
+        return f"{value:,}"
+    sign = "-" if value < 0 else ""
+    magnitude = abs(value)
+    for index, (unit, size) in enumerate(_UNITS):
+        scaled = magnitude / size
+        text = f"{scaled:.1f}" if scaled < 99.95 else f"{scaled:.0f}"
+        if float(text) < 1000 or index == len(_UNITS) - 1:
+            return f"{sign}{text}{unit}"
+    raise AssertionError("unreachable")
+
+
+def fitted(value: int | None, width: int) -> str:
+    """The exact count when it fits in ``width`` cells, else ``compact``: never a cut number."""
+    exact = count(value)
+    return exact if len(exact) <= width else compact(value)
+
+
 def short_id(event_id: str) -> str:
     """The tail of a UUIDv7: the head is a timestamp shared by neighbours."""
     return "…" + event_id[-12:] if len(event_id) > 13 else event_id

@@ -11,14 +11,16 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Static
 
 from engine.insights import OverviewSnapshot
-from outbox_tui.widgets.format import RICH_STATUS_STYLES, count, duration
+from outbox_tui.widgets.format import RICH_STATUS_STYLES, compact, count, duration, fitted
+from outbox_tui.widgets.trend import TrendLine
 
+# (status, label, the label where that does not fit)
 TILES = (
-    ("pending", "pending"),
-    ("publishing", "publishing"),
-    ("failed", "failed · retrying"),
-    ("dead_letter", "dead letter"),
-    ("published", "published"),
+    ("pending", "pending", "pending"),
+    ("publishing", "publishing", "publishing"),
+    ("failed", "failed · retrying", "failed"),
+    ("dead_letter", "dead letter", "dead"),
+    ("published", "published", "published"),
 )
 BLOCKED_TILE = "blocked_keys"
 OK, WARN, CRIT = "#87d787", "#ffaf5f", "#ff5f5f"
@@ -60,22 +62,86 @@ def sparkline(values: Sequence[int], width: int, colour: str = OK) -> Text:
 
 
 class CountTile(Static):
-    """One status: its label in the border, its count in the middle."""
+    """One status: its count, never cut (abbreviated when the tile is narrow).
 
-    def __init__(self, status: str, label: str) -> None:
-        super().__init__("—", id=f"tile-{status}", classes="tile")
+    Boxed (wide terminals) the label is the border title; unboxed (the stylesheet drops
+    the border below 140 columns) it is the first line, shortened when it must be.
+    """
+
+    def __init__(self, status: str, label: str, short: str | None = None) -> None:
+        super().__init__(id=f"tile-{status}", classes="tile")
         self.status = status
+        self.label = label
+        self.short = short or label
+        self.value: int | None = None
+        self.extra = ""
+        self.note = ""
         self.border_title = label
 
     def show(self, value: int, extra: str = "", *, note: str = "") -> None:
-        """``extra`` follows the count; ``note`` goes on the bottom border (short)."""
-        self.border_subtitle = note
-        style = TILE_STYLES.get(self.status, RICH_STATUS_STYLES.get(self.status, "")) or ""
-        style = style if value else MUTED
-        text = Text(count(value), style=style)
-        if extra:
-            text.append(f" · {extra}", style=MUTED)
-        self.update(text)
+        """``extra`` follows the count when it fits; ``note`` too, on the bottom border."""
+        self.value, self.extra, self.note = value, extra, note
+        self._relabel()
+        self.refresh()
+
+    def on_resize(self) -> None:
+        self._relabel()
+
+    def _relabel(self) -> None:
+        """Border title and note (boxed) for the current width; none unboxed."""
+        room = self.content_size.width - 4
+        boxed = self.boxed
+        self.border_title = self._label(room) if boxed else None
+        self.border_subtitle = self.note if boxed and len(self.note) <= room else None
+
+    @property
+    def boxed(self) -> bool:
+        edge = self.styles.border_top[0]
+        return bool(edge) and edge != "none"
+
+    def render(self) -> Text:
+        width = max(1, self.content_size.width)
+        boxed = self.boxed
+        number = Text(no_wrap=True, overflow="crop", justify="center")
+        if self.value is None:
+            number.append("—", style=MUTED)
+        else:
+            style = TILE_STYLES.get(self.status, RICH_STATUS_STYLES.get(self.status, "")) or ""
+            shown = fitted(self.value, width)
+            number.append(shown, style=style if self.value else MUTED)
+            extra = f" · {self.extra}" if self.extra else ""
+            if not boxed and self.note:
+                extra = f" · {self.note}"
+            if extra and len(shown) + len(extra) <= width:
+                number.append(extra, style=MUTED)
+        number.align("center", width)
+        if boxed:
+            return number
+        label = Text(self._label(width), style=MUTED, no_wrap=True)
+        label.align("center", width)
+        return Text("\n").join([label, number])
+
+    def _label(self, room: int) -> str:
+        return self.label if len(self.label) <= room else self.short
+
+
+class HealthLine(Static):
+    """One line in its longest variant that fits the width (the last one, cut, otherwise)."""
+
+    def __init__(self, text: str, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.variants: list[Text] = [Text(text, style=MUTED)]
+
+    def show(self, *variants: Text) -> None:
+        self.variants = list(variants)
+        self.refresh()
+
+    def render(self) -> Text:
+        width = self.content_size.width
+        for text in self.variants:
+            if text.cell_len <= width:
+                return text
+        return self.variants[-1]
 
 
 class OverviewPanel(Horizontal):
@@ -88,21 +154,22 @@ class OverviewPanel(Horizontal):
     def compose(self) -> ComposeResult:
         with Vertical(id="counts"):
             with Horizontal(id="tiles"):
-                for status, label in TILES:
-                    yield CountTile(status, label)
-                yield CountTile(BLOCKED_TILE, "blocked keys")
-            yield Static("waiting for the first refresh…", id="health")
+                for status, label, short in TILES:
+                    yield CountTile(status, label, short)
+                yield CountTile(BLOCKED_TILE, "blocked keys", "blocked")
+            yield HealthLine("waiting for the first refresh…", id="health")
+            yield TrendLine(id="trend")  # the trend verdict's slot: hidden until fed
         with Vertical(id="throughput") as box:
             box.border_title = "published per refresh"
             yield Static(sparkline([], 34), id="sparkline")
             yield Static("", id="throughput-summary")
 
     def show(self, snap: OverviewSnapshot, throughput: Sequence[int]) -> None:
-        for status, _label in TILES:
+        for status, _label, _short in TILES:
             extra = ""
             if status == "published":
                 window = duration(snap.recent_window_seconds)
-                extra = f"{count(snap.published_recent)}/{window}"  # e.g. "1,019/5m": fits a tile
+                extra = f"{compact(snap.published_recent)}/{window}"  # e.g. "1,019/5m"
             self.query_one(f"#tile-{status}", CountTile).show(snap.counts.get(status, 0), extra)
         # Keys held back by a failed or dead-lettered head, and how old the oldest head is.
         head_age = snap.oldest_blocked_head_age_seconds
@@ -112,25 +179,44 @@ class OverviewPanel(Horizontal):
         oldest = snap.oldest_pending_age_seconds
         warn, critical = duration(self.thresholds.warn), duration(self.thresholds.critical)
         stuck = snap.stuck_publishing
-        health = Text.assemble(
+        age = (
+            duration(oldest) if oldest is not None else "none",
+            f"bold {self.thresholds.colour(oldest)}",
+        )
+        stuck_count = (count(stuck), f"bold {CRIT if stuck else OK}")
+        if snap.awaiting_purge is None:
+            purge, purge_note = ("n/a", MUTED), " (retention off)"
+        else:
+            purge = (compact(snap.awaiting_purge), "bold")
+            purge_note = f" (retention {duration(snap.retention_seconds)})"
+        last = (compact(throughput[-1]) if throughput else "—", "bold")
+        full = Text.assemble(
             ("oldest pending ", MUTED),
-            (
-                duration(oldest) if oldest is not None else "none",
-                f"bold {self.thresholds.colour(oldest)}",
-            ),
+            age,
             (f" (warn {warn}, crit {critical})", MUTED),
             ("  ·  stuck publishing (lease expired) ", MUTED),
-            (count(stuck), f"bold {CRIT if stuck else OK}"),
+            stuck_count,
             ("  ·  awaiting purge ", MUTED),
+            purge,
+            (purge_note, MUTED),
             no_wrap=True,
             overflow="ellipsis",
         )
-        if snap.awaiting_purge is None:
-            health.append("n/a (retention off)", style=MUTED)
-        else:
-            health.append(count(snap.awaiting_purge), style="bold")
-            health.append(f" (retention {duration(snap.retention_seconds)})", style=MUTED)
-        self.query_one("#health", Static).update(health)
+        # Narrow terminals: the same facts, fewer words; the throughput box is hidden
+        # there, so the last refresh's published count comes along.
+        short = Text.assemble(
+            ("oldest pending ", MUTED),
+            age,
+            ("  ·  stuck ", MUTED),
+            stuck_count,
+            ("  ·  purge ", MUTED),
+            purge,
+            ("  ·  published/refresh ", MUTED),
+            last,
+            no_wrap=True,
+            overflow="ellipsis",
+        )
+        self.query_one("#health", HealthLine).show(full, short)
         chart = self.query_one("#sparkline", Static)
         chart.update(sparkline(throughput, max(8, chart.size.width or 34)))
         summary = self.query_one("#throughput-summary", Static)

@@ -122,6 +122,25 @@ async def paste(pilot: Pilot[object], text: str) -> None:
     await pilot.pause()
 
 
+async def burst(pilot: Pilot[object], *keys: str) -> None:
+    """Keys as a fast typist or ``tmux send-keys`` delivers them: all queued at once.
+
+    ``pilot.press`` lets the app go idle after every key, which hides anything that
+    is deferred (a focus change, a screen's mount); a terminal read does not wait.
+    ``keys`` are Textual key names or single characters.
+    """
+    from textual import events
+    from textual.keys import _character_to_key
+
+    driver = pilot.app._driver
+    assert driver is not None
+    for key in keys:
+        character = key if len(key) == 1 else ("\t" if key == "tab" else None)
+        name = _character_to_key(key) if len(key) == 1 and not key.isalnum() else key
+        driver.send_message(events.Key(name, character))
+    await pilot.pause()
+
+
 async def press_to_exit(pilot: Pilot[object], *keys: str) -> None:
     """Press keys that end the app, and wait for it to decide to exit.
 

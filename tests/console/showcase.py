@@ -25,6 +25,7 @@ from unittest import mock
 
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
+from textual.command import CommandPalette
 from textual.pilot import Pilot
 
 from engine import BackoffPolicy, OutboxDispatcher, create_engine, create_schema, replay_dead_letter
@@ -39,6 +40,7 @@ from outbox_tui.apps import load_registry
 from outbox_tui.examples.orders import create_tables
 from outbox_tui.examples.orders.traffic import generate_orders
 from outbox_tui.screens.confirm import ConfirmModal
+from outbox_tui.screens.filter import FilterModal
 from outbox_tui.widgets.blocked_keys import BlockedKeysTable
 from outbox_tui.widgets.event_detail import EventDetailPane
 from outbox_tui.widgets.event_table import EventTable
@@ -335,6 +337,18 @@ async def scene_help(pilot: Pilot[object], clock: FixedClock) -> None:
     await pilot.press("question_mark")
 
 
+async def scene_filter(pilot: Pilot[object], clock: FixedClock) -> None:
+    app = await _first_refresh(pilot)
+    await pilot.press("slash", *"failed", "tab", *"orders.placed")
+    await _wait(pilot, lambda: isinstance(app.screen, FilterModal), "the filter")
+
+
+async def scene_palette(pilot: Pilot[object], clock: FixedClock) -> None:
+    app = await _first_refresh(pilot)
+    await pilot.press("ctrl+p", *"replay")
+    await _wait(pilot, lambda: isinstance(app.screen, CommandPalette), "the palette")
+
+
 SCENES: dict[str, Callable[[Pilot[object], FixedClock], Awaitable[None]]] = {
     "overview": scene_overview,
     "events-detail": scene_event_detail,
@@ -344,4 +358,8 @@ SCENES: dict[str, Callable[[Pilot[object], FixedClock], Awaitable[None]]] = {
     "blocked-head-detail": scene_blocked_head_detail,
     "confirm-skip": scene_confirm_skip,
     "help": scene_help,
+    "filter": scene_filter,
+    "palette": scene_palette,
 }
+# The sizes operators have (80x24), the one the screenshots use, and a big terminal.
+SIZES = {"80x24": (80, 24), "160x45": SIZE, "160x48": (160, 48)}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from .showcase import SCENES, SIZE, FixedClock, build_showcase, showcase_app
+from .showcase import SCENES, SIZE, SIZES, FixedClock, build_showcase, showcase_app
 
 
 @pytest.fixture(scope="module")
@@ -24,8 +24,7 @@ def showcase_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return where / "showcase.db"
 
 
-@pytest.mark.parametrize("scene", list(SCENES))
-def test_console_looks_right(scene, showcase_db, tmp_path, monkeypatch, snap_compare):
+def _compare(scene, size, showcase_db, tmp_path, monkeypatch, snap_compare) -> bool:
     shutil.copy(showcase_db, tmp_path / "showcase.db")
     monkeypatch.chdir(tmp_path)
     clock = FixedClock()
@@ -34,4 +33,16 @@ def test_console_looks_right(scene, showcase_db, tmp_path, monkeypatch, snap_com
     async def run_before(pilot) -> None:
         await SCENES[scene](pilot, clock)
 
-    assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
+    return snap_compare(app, terminal_size=size, run_before=run_before)
+
+
+@pytest.mark.parametrize("scene", list(SCENES))
+def test_console_looks_right(scene, showcase_db, tmp_path, monkeypatch, snap_compare):
+    assert _compare(scene, SIZE, showcase_db, tmp_path, monkeypatch, snap_compare)
+
+
+@pytest.mark.parametrize("size", [name for name in SIZES if SIZES[name] != SIZE])
+@pytest.mark.parametrize("scene", list(SCENES))
+def test_console_fits_the_terminal(scene, size, showcase_db, tmp_path, monkeypatch, snap_compare):
+    """80x24 (every panel and dialog usable, no number cut) and 160x48 (the room used)."""
+    assert _compare(scene, SIZES[size], showcase_db, tmp_path, monkeypatch, snap_compare)

@@ -1,0 +1,100 @@
+"""Every key typed into a text field reaches it: bursts, pastes and tabs (issue 12, part 7)."""
+
+from __future__ import annotations
+
+from textual import events
+from textual.widgets import Input
+
+from engine.insights import EventFilter
+from outbox_tui.screens.confirm import ConfirmModal
+from outbox_tui.screens.filter import FilterModal
+
+from .conftest import SIZE, burst, console, counts, started, until
+from .test_replay import detail_of, notes, open_dead_letters
+
+PHRASE = "vendor fixed yesterday"  # y and n are the dialog's own keys
+
+
+async def _replay_with_reason(app, pilot, url: str, type_reason) -> str:
+    """Open the replay dialog, type the reason with ``type_reason``, confirm; the stored one."""
+    table = await open_dead_letters(pilot, app)
+    target = table.highlighted.id
+    await pilot.press("r")
+    assert isinstance(app.screen, ConfirmModal)
+    await type_reason(pilot)
+    dialog = app.screen
+    assert isinstance(dialog, ConfirmModal), "a y or n of the reason ended the dialog"
+    assert dialog.query_one("#reason", Input).value == PHRASE
+    await pilot.press("enter", "y")  # enter leaves the field for the button; y confirms
+    await until(pilot, lambda: any("back to pending" in n for n in notes(app)), "the toast")
+    return (await detail_of(url, target)).replays[0]["reason"]
+
+
+async def test_a_reason_pressed_key_by_key_keeps_its_y_and_n(sqlite_seeded, orders_registry):
+    app = console(sqlite_seeded, orders_registry)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot)
+
+        async def by_key(pilot) -> None:
+            await pilot.press(*PHRASE)
+
+        assert await _replay_with_reason(app, pilot, sqlite_seeded, by_key) == PHRASE
+
+
+async def test_a_reason_typed_in_a_burst_keeps_its_y_and_n(sqlite_seeded, orders_registry):
+    app = console(sqlite_seeded, orders_registry)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot)
+
+        async def in_a_burst(pilot) -> None:
+            await burst(pilot, *PHRASE)
+
+        assert await _replay_with_reason(app, pilot, sqlite_seeded, in_a_burst) == PHRASE
+
+
+async def test_a_paste_with_the_focus_on_cancel_goes_to_the_reason(sqlite_seeded, orders_registry):
+    app = console(sqlite_seeded, orders_registry)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot)
+
+        async def pasted(pilot) -> None:
+            assert app.focused is not None and app.focused.id == "cancel"
+            app.focused.post_message(events.Paste(PHRASE))
+            await pilot.pause()
+
+        assert await _replay_with_reason(app, pilot, sqlite_seeded, pasted) == PHRASE
+
+
+async def test_y_and_n_still_decide_before_a_reason_is_started(sqlite_seeded, orders_registry):
+    app = console(sqlite_seeded, orders_registry)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot)
+        await open_dead_letters(pilot, app)
+        before = await counts(sqlite_seeded)
+        await pilot.press("r")
+        assert isinstance(app.screen, ConfirmModal)
+        await burst(pilot, "n")
+        await until(pilot, lambda: app.screen is app.main, "n to cancel")
+    assert await counts(sqlite_seeded) == before
+
+
+async def test_the_filter_keeps_a_fast_tab(sqlite_seeded, orders_registry):
+    """Typed quickly, the first tab still moves to the type field."""
+    app = console(sqlite_seeded, orders_registry)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot)
+        await pilot.press("slash")
+        await burst(pilot, *"failed", "tab", *"orders.placed", "enter")
+        wanted = EventFilter(("failed",), "orders.placed")
+        await until(pilot, lambda: app.main.view.filter == wanted, "the filter")
+        assert not isinstance(app.screen, FilterModal)
+
+
+async def test_the_filter_keeps_every_tab_of_a_burst(sqlite_seeded, orders_registry):
+    app = console(sqlite_seeded, orders_registry)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot)
+        await pilot.press("slash")
+        await burst(pilot, *"failed", "tab", *"orders.placed", "tab", *"acme", "enter")
+        wanted = EventFilter(("failed",), "orders.placed", "acme")
+        await until(pilot, lambda: app.main.view.filter == wanted, "the filter")
