@@ -84,6 +84,15 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         binding_id="key-events",
     ),
     A(
+        "show_error_groups",
+        "g",
+        VIEWS,
+        "error groups: failures grouped by error (R there replays a group, asks first)",
+        "Show error groups",
+        "which failures are the same failure",
+        binding_id="error-groups",
+    ),
+    A(
         "open_detail",
         None,
         VIEWS,
@@ -174,6 +183,15 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         "Skip",
         6,
         binding_id="skip",
+    ),
+    A(
+        "pause_type",
+        "p",
+        ACT,
+        "pause or resume delivery of the highlighted event's type (asks first)",
+        "Pause or resume the highlighted type",
+        "every dispatcher obeys it; asks first",
+        binding_id="pause-type",
     ),
     A(
         "start_dispatch",
