@@ -21,7 +21,9 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from engine.insights import EventSummary, HeartbeatView, OverviewSnapshot
+from engine.error_groups import ErrorGroup, ErrorGroups
+from engine.insights import TYPE_STATUSES, EventSummary, HeartbeatView, OverviewSnapshot, TypeCounts
+from engine.pauses import PausedBacklog
 from outbox_tui import PROG
 from outbox_tui.widgets.format import heartbeat_state_text
 
@@ -104,7 +106,55 @@ def heartbeat_record(hb: HeartbeatView) -> dict[str, Any]:
     }
 
 
-def stats_record(snapshot: OverviewSnapshot, database_url: str) -> dict[str, Any]:
+def pause_record(held: PausedBacklog) -> dict[str, Any]:
+    p = held.pause
+    return {
+        "event_type": p.event_type,
+        "tenant_id": p.tenant_id,
+        "since": iso(p.paused_at),
+        "by": p.paused_by,
+        "reason": p.reason,
+        "waiting": held.waiting,
+    }
+
+
+def type_counts_record(counts: TypeCounts) -> dict[str, Any]:
+    return {
+        "event_type": counts.event_type,
+        "counts": {s: int(counts.counts.get(s, 0)) for s in TYPE_STATUSES},
+        "undelivered": counts.undelivered,
+    }
+
+
+def error_group_record(group: ErrorGroup) -> dict[str, Any]:
+    return {
+        "fingerprint": group.fingerprint,
+        "message": group.message,
+        "count": group.count,
+        "statuses": dict(group.statuses.most_common()),
+        "event_types": dict(group.event_types.most_common()),
+        "tenants": dict(group.tenants.most_common()),
+        "first_seen": iso(group.first_seen),
+        "last_seen": iso(group.last_seen),
+        "example_error": group.example_error,
+    }
+
+
+def error_groups_record(found: ErrorGroups) -> dict[str, Any]:
+    return {
+        "complete": found.complete,
+        "scanned": found.scanned,
+        "groups": [error_group_record(g) for g in found.groups],
+    }
+
+
+def stats_record(
+    snapshot: OverviewSnapshot,
+    database_url: str,
+    *,
+    pauses: Sequence[PausedBacklog] = (),
+    top_types: Sequence[TypeCounts] = (),
+) -> dict[str, Any]:
     """``database_url`` must already be masked."""
     counts = {name: int(n) for name, n in snapshot.counts.items()}
     return {
@@ -133,6 +183,10 @@ def stats_record(snapshot: OverviewSnapshot, database_url: str) -> dict[str, Any
             }
             for u in snapshot.unserved
         ],
+        # Active pauses (engine.pauses), oldest first, with the events each holds back.
+        "pauses": [pause_record(p) for p in pauses],
+        # Event types with the most undelivered events, by status.
+        "top_types": [type_counts_record(c) for c in top_types],
     }
 
 
@@ -147,6 +201,12 @@ class ReplayReport:
     by_type: dict[str, int] = field(default_factory=dict)
     replayed: list[str] = field(default_factory=list)
     refused: dict[str, str] = field(default_factory=dict)
+    # Of the matched events, those created before the consumers' dedup window.
+    outside_dedup_window: int = 0
+    dedup_window_seconds: float | None = None
+    # Set when the replay was refused as a whole (outside the dedup window).
+    refused_all: str | None = None
+    dedup_note: str | None = None  # engine.replay.DedupCheck.warning(), for people
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -157,6 +217,9 @@ class ReplayReport:
             "refused": dict(self.refused),
             "operator": self.operator,
             "reason": self.reason,
+            "outside_dedup_window": self.outside_dedup_window,
+            "dedup_window_seconds": self.dedup_window_seconds,
+            "refused_all": self.refused_all,
         }
 
 
@@ -296,8 +359,14 @@ def dead_letters_table(
     return table
 
 
-def stats_tables(snapshot: OverviewSnapshot, database_url: str) -> list[Table | Text]:
-    record = stats_record(snapshot, database_url)
+def stats_tables(
+    snapshot: OverviewSnapshot,
+    database_url: str,
+    *,
+    pauses: Sequence[PausedBacklog] = (),
+    top_types: Sequence[TypeCounts] = (),
+) -> list[Table | Text]:
+    record = stats_record(snapshot, database_url, pauses=pauses, top_types=top_types)
     overview = Table(title="outbox", title_justify="left", show_header=False)
     overview.add_column("what", style="bold")
     overview.add_column("value", justify="right")
@@ -326,6 +395,28 @@ def stats_tables(snapshot: OverviewSnapshot, database_url: str) -> list[Table | 
         for u in record["unserved"]:
             unserved.add_row(u["event_type"], str(u["count"]), age(u["oldest_age_seconds"]))
         tables.append(unserved)
+    if record["pauses"]:
+        paused = Table(title="paused (not delivered until resumed)", title_justify="left")
+        for name in ("event type", "tenant", "since", "by", "waiting", "reason"):
+            paused.add_column(name)
+        for p in record["pauses"]:
+            paused.add_row(
+                p["event_type"],
+                p["tenant_id"] or "every tenant",
+                p["since"][:19].replace("T", " "),
+                p["by"],
+                str(p["waiting"]),
+                _cell(p["reason"]),
+            )
+        tables.append(paused)
+    if record["top_types"]:
+        top = Table(title="top types (undelivered)", title_justify="left")
+        top.add_column("event type")
+        for status in TYPE_STATUSES:
+            top.add_column(status, justify="right")
+        for row in record["top_types"]:
+            top.add_row(row["event_type"], *(str(row["counts"][s]) for s in TYPE_STATUSES))
+        tables.append(top)
     if not record["heartbeats"]:
         tables.append(Text("no dispatcher heartbeats yet (none has run against this database)"))
         return tables
@@ -351,11 +442,19 @@ def stats_tables(snapshot: OverviewSnapshot, database_url: str) -> list[Table | 
     return tables
 
 
+def dedup_warning(report: ReplayReport) -> str | None:
+    """The dedup-window line of a replay report, or None when every event is inside it."""
+    return report.dedup_note if report.outside_dedup_window else None
+
+
 def replay_text(report: ReplayReport) -> list[str]:
     if report.dry_run:
         lines = [f"dry run: {report.matched} dead letter(s) would be replayed (nothing changed)"]
         lines += [f"  {n:>6}  {event_type}" for event_type, n in report.by_type.items()]
         lines += [f"  would refuse {i}: {why}" for i, why in report.refused.items()]
+        warning = dedup_warning(report)
+        if warning:
+            lines.append(f"warning: {warning}")
         return lines
     lines = [f"replayed {i}" for i in report.replayed]
     lines.append(
@@ -363,6 +462,38 @@ def replay_text(report: ReplayReport) -> list[str]:
         f"(operator {report.operator}" + (f", reason {report.reason!r})" if report.reason else ")")
     )
     return lines
+
+
+def error_groups_table(found: ErrorGroups, *, width: int | None = None) -> Table:
+    title = f"error groups ({found.scanned} failed and dead-letter rows"
+    title += ")" if found.complete else ", the newest only: the scan stopped at its limit)"
+    table = Table(title=title, title_justify="left")
+    table.add_column("fingerprint", no_wrap=True)
+    table.add_column("count", justify="right")
+    table.add_column("statuses")
+    table.add_column("types")
+    table.add_column("tenants")
+    table.add_column("first seen", no_wrap=True)
+    table.add_column("last seen", no_wrap=True)
+    table.add_column("error")
+    for group in found.groups:
+        table.add_row(
+            group.fingerprint,
+            str(group.count),
+            _counts(group.statuses),
+            _counts(group.event_types),
+            _counts(group.tenants),
+            (iso(group.first_seen) or "-")[:19].replace("T", " "),
+            (iso(group.last_seen) or "-")[:19].replace("T", " "),
+            _cell(group.message, limit=max(30, (width or 120) - 100)),
+        )
+    return table
+
+
+def _counts(counter: Mapping[str, int], shown: int = 3) -> str:
+    items = sorted(counter.items(), key=lambda kv: (-kv[1], kv[0]))
+    text = ", ".join(f"{name} {n}" for name, n in items[:shown])
+    return text + (f", +{len(items) - shown} more" if len(items) > shown else "")
 
 
 def _waiting(n: int) -> str:

@@ -3,6 +3,7 @@
 - ``apps``: loading installed apps (``--installed-app``, ``--app-dir``);
 - ``database``: opening the outbox database for a purpose, with one set of checks;
 - ``actions``: replay and skip of dead letters, with the look before them;
+- ``incidents``: error groups, pauses, and the dedup-window check before a replay;
 - ``dispatch``: building and starting a dispatcher from settings given once.
 
 Reads (overview, pages, details) come from ``engine.insights.OutboxInsights``;
@@ -37,6 +38,16 @@ from engine.operations.database import (
     require_database_file,
 )
 from engine.operations.dispatch import DispatchSpec, open_dispatcher, run
+from engine.operations.incidents import (
+    DedupCheck,
+    dedup_check,
+    error_groups,
+    pause_type,
+    paused_backlog,
+    plan_replay_of_group,
+    replay_of_group,
+    resume_type,
+)
 from engine.settings import DispatcherSettings
 
 
@@ -60,6 +71,7 @@ def insights_for(
 
 __all__ = [
     "REPLAY_CHUNK",
+    "DedupCheck",
     "DispatchSpec",
     "InstalledAppError",
     "NothingToDeliverError",
@@ -68,18 +80,25 @@ __all__ = [
     "SkipOutcome",
     "SkipPlan",
     "check_database",
+    "dedup_check",
     "delivery_problem",
     "dispose",
+    "error_groups",
     "insights_for",
     "load_registry",
     "open_database",
     "open_dispatcher",
     "open_engine",
+    "pause_type",
+    "paused_backlog",
     "plan_replay_matching",
+    "plan_replay_of_group",
     "plan_replay_of_ids",
     "plan_skip",
     "replay",
+    "replay_of_group",
     "require_database_file",
+    "resume_type",
     "run",
     "skip",
 ]

@@ -2,10 +2,10 @@
 
 Without a subcommand it opens the console (``console``); ``dispatch`` (alias
 ``--dispatch``) runs the headless dispatcher loop; the other commands answer
-one question each (``stats``, ``dead-letter list``) or make one change
-(``init-db``, ``dead-letter replay|skip``, ``dispatch-once``). A command group
-is a module with ``register(subparsers)`` that sets ``run`` on its parsers; add
-it to ``COMMAND_GROUPS``. Every failure is one line on stderr (``errors``).
+one question each (``stats``, ``dead-letter list|groups``) or make one change
+(``init-db``, ``dead-letter replay|skip``, ``pause``, ``resume``, ``dispatch-once``).
+A command group is a module with ``register(subparsers)`` that sets ``run`` on its
+parsers; add it to ``COMMAND_GROUPS``. Every failure is one line on stderr (``errors``).
 See docs/cli.md.
 """
 
@@ -20,13 +20,13 @@ from types import ModuleType
 from engine.database import mask_secrets
 from engine.operations import load_registry
 from outbox_tui import PROG, __version__
-from outbox_tui.cli import console, dead_letter, dispatch, init_db, stats
+from outbox_tui.cli import console, dead_letter, dispatch, init_db, pause, stats
 from outbox_tui.cli.errors import EXIT_USAGE, UsageError, run_guarded
 from outbox_tui.cli.options import Invocation, Parser, add_common, examples, resolve
 from outbox_tui.cli.redaction import RedactingStream, Redactor, SecretFilter, configure_logging
 from outbox_tui.output import Output
 
-COMMAND_GROUPS: tuple[ModuleType, ...] = (dispatch, dead_letter, stats, init_db)
+COMMAND_GROUPS: tuple[ModuleType, ...] = (dispatch, dead_letter, pause, stats, init_db)
 # Commands that need every setting valid; the others only read and go on without a bad
 # dispatcher setting (stats says what it could not count).
 STRICT_SETTINGS = ("console", "dispatch", "dispatch-once")
@@ -50,6 +50,8 @@ def build_parser() -> Parser:
             f"{PROG} dead-letter list --tenant acme",
             f"{PROG} dead-letter replay --all --event-type orders.placed --dry-run",
             f"{PROG} dead-letter skip --event-id 0190... --yes --reason 'handled by hand'",
+            f"{PROG} dead-letter groups",
+            f"{PROG} pause --event-type orders.placed --reason 'CRM down' --yes",
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -1,4 +1,9 @@
-"""``outbox-tui dead-letter list|replay|skip``: inspect dead letters and act on them (audited).
+"""``outbox-tui dead-letter list|groups|replay|skip``: inspect dead letters and act on them.
+
+``groups`` groups failed rows and dead letters by error fingerprint; ``replay --group``
+replays one group's dead letters. Every replay first counts the events older than the
+consumers' dedup window and refuses when there are any, unless
+``--allow-outside-dedup-window`` is given (a dry run only reports them).
 
 The checks and the changes come from ``engine.operations``, the same code the
 console's ``r``, ``R`` and ``k`` run. ``matched`` counts the selected ids that
@@ -12,21 +17,27 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from engine.error_groups import DEFAULT_SCAN_LIMIT
 from engine.insights import EventFilter
 from engine.operations import (
+    dedup_check,
+    error_groups,
     insights_for,
     open_database,
     plan_replay_matching,
+    plan_replay_of_group,
     plan_replay_of_ids,
     plan_skip,
     replay,
+    replay_of_group,
     skip,
 )
 from engine.replay import default_operator
 from engine.schema import DEAD_LETTER
+from engine.settings import OutboxSettings
 from outbox_tui import PROG, output
-from outbox_tui.cli.errors import EXIT_FAILURE, EXIT_OK, UsageError
-from outbox_tui.cli.options import Invocation, Parser, add_json, subparser
+from outbox_tui.cli.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, UsageError
+from outbox_tui.cli.options import Invocation, Parser, add_json, add_settings, subparser
 from outbox_tui.output import ReplayReport, SkipReport
 
 
@@ -38,12 +49,15 @@ def register(sub: Any) -> None:
         "Inspect and replay events that exhausted their attempts or failed permanently, "
         "or skip the ones that hold back their ordering key.",
         f"{PROG} dead-letter list --json",
+        f"{PROG} dead-letter groups",
+        f"{PROG} dead-letter replay --group 3978ad63b895 --yes --reason 'vendor back'",
         f"{PROG} dead-letter replay --event-id 0190... --yes --reason 'fixed the bug'",
         f"{PROG} dead-letter skip --event-id 0190... --yes --reason 'handled by hand'",
     )
     inner = p.add_subparsers(dest="dead_letter_command", metavar="ACTION", parser_class=Parser)
     inner.required = True
     _register_list(inner)
+    _register_groups(inner)
     _register_replay(inner)
     _register_skip(inner)
 
@@ -69,6 +83,31 @@ def _register_list(inner: Any) -> None:
     lst.set_defaults(run=list_dead_letters)
 
 
+def _register_groups(inner: Any) -> None:
+    grp = subparser(
+        inner,
+        "groups",
+        "failed rows and dead letters grouped by error fingerprint",
+        "Group failed rows and dead letters by their error with ids, numbers, UUIDs, times "
+        "and quoted values normalised away: which failures are the same failure. Largest "
+        "group first, each with its fingerprint (for replay --group), count, statuses, "
+        "event types, tenants and first and last seen. Reads the newest --scan-limit rows "
+        "and says when it stopped short.",
+        f"{PROG} dead-letter groups",
+        f"{PROG} dead-letter groups --json",
+        f"{PROG} dead-letter groups --scan-limit 100000",
+    )
+    grp.add_argument(
+        "--scan-limit",
+        metavar="N",
+        type=_positive_int,
+        default=DEFAULT_SCAN_LIMIT,
+        help=f"read at most N rows, newest first (default {DEFAULT_SCAN_LIMIT:,})",
+    )
+    add_json(grp, "print one JSON object")
+    grp.set_defaults(run=list_groups)
+
+
 def _register_replay(inner: Any) -> None:
     rep = subparser(
         inner,
@@ -77,10 +116,14 @@ def _register_replay(inner: Any) -> None:
         "Move dead letters back to pending with a fresh attempt budget. The dispatcher "
         "delivers them as usual; this command never runs handlers. Every replay is "
         "recorded in outbox_replay_log with operator and reason. Ids that are not dead "
-        "letters are refused one by one; the others are still replayed.",
+        "letters are refused one by one; the others are still replayed. A replay that "
+        "includes events older than the consumers' dedup window (--dedup-window-seconds) is "
+        "refused unless --allow-outside-dedup-window is given: consumers may process those "
+        "events twice.",
         f"{PROG} dead-letter replay --event-id ID1 --event-id ID2 --yes --reason 'API fixed'",
         f"{PROG} dead-letter replay --all --tenant acme --dry-run",
         f"{PROG} dead-letter replay --all --event-type orders.placed --yes --operator alice",
+        f"{PROG} dead-letter replay --group 3978ad63b895 --yes --allow-outside-dedup-window",
     )
     which = rep.add_mutually_exclusive_group(required=True)
     which.add_argument(
@@ -96,7 +139,18 @@ def _register_replay(inner: Any) -> None:
         dest="replay_all",
         help="every dead letter matching --tenant/--event-type",
     )
+    which.add_argument(
+        "--group",
+        metavar="FINGERPRINT",
+        help="every dead letter of this error group (see dead-letter groups)",
+    )
     _add_filters(rep)
+    rep.add_argument(
+        "--allow-outside-dedup-window",
+        action="store_true",
+        help="replay even events older than the consumers' dedup window",
+    )
+    add_settings(rep, OutboxSettings, ("dedup_window_seconds",))
     _add_audited_action(
         rep, "replay", "only count what would be replayed (by type); change nothing"
     )
@@ -192,16 +246,43 @@ def _filter_note(args: argparse.Namespace) -> str:
     return f" matching {text}" if text else ""
 
 
+# -- groups ----------------------------------------------------------------------------
+
+
+async def list_groups(inv: Invocation) -> int:
+    async with open_database(inv.database_url, "command") as engine:
+        found = await error_groups(engine, scan_limit=inv.args.scan_limit)
+    if inv.json:
+        inv.out.json(output.error_groups_record(found))
+        return EXIT_OK
+    if not found.complete:
+        inv.out.note(
+            f"scan incomplete: read the newest {found.scanned} rows only "
+            "(raise --scan-limit to read more)"
+        )
+    if not found.groups:
+        inv.out.say("no failed events or dead letters")
+    else:
+        inv.out.console.print(output.error_groups_table(found, width=inv.out.console.width))
+    return EXIT_OK
+
+
 # -- replay ----------------------------------------------------------------------------
 
 
 async def replay_dead_letters(inv: Invocation) -> int:
     args = inv.args
-    if args.event_ids and (args.tenant or args.event_type):
-        raise UsageError("--tenant and --event-type filter --all; with --event-id give ids only")
+    if (args.event_ids or args.group) and (args.tenant or args.event_type):
+        raise UsageError(
+            "--tenant and --event-type filter --all; with --event-id or --group leave them out"
+        )
     _confirmed(args, "replay", "count")
+    window = inv.settings.dedup_window_seconds
     report = ReplayReport(
-        dry_run=args.dry_run, operator=args.operator or default_operator(), reason=args.reason
+        dry_run=args.dry_run,
+        operator=args.operator or default_operator(),
+        reason=args.reason,
+        dedup_window_seconds=window,
     )
     async with open_database(inv.database_url, "command") as engine:
         insights = insights_for(engine)
@@ -210,22 +291,49 @@ async def replay_dead_letters(inv: Invocation) -> int:
                 statuses=(DEAD_LETTER,), tenant_id=args.tenant, event_type=args.event_type
             )
             plan = await plan_replay_matching(insights, flt)
+        elif args.group:
+            plan = await plan_replay_of_group(engine, args.group)
         else:
             plan = await plan_replay_of_ids(insights, args.event_ids)
         report.matched, report.by_type, report.refused = plan.matched, plan.by_type, plan.refused
-        if not args.dry_run and plan.ids:
+        if plan.ids:
+            checked = await dedup_check(engine, plan.ids, window_seconds=window)
+            report.outside_dedup_window = checked.outside
+            report.dedup_note = checked.warning()
+        if report.outside_dedup_window and not args.allow_outside_dedup_window:
+            report.refused_all = "outside the dedup window"
+        elif not args.dry_run and plan.ids:
             with _progress(inv, total=plan.matched) as advance:
-                outcome = await replay(
-                    engine,
-                    plan.ids,
-                    operator=report.operator,
-                    reason=report.reason,
-                    progress=advance,
-                )
+                if args.group:
+                    outcome = await replay_of_group(
+                        engine, args.group, operator=report.operator, reason=report.reason
+                    )
+                    advance(plan.matched)
+                else:
+                    outcome = await replay(
+                        engine,
+                        plan.ids,
+                        operator=report.operator,
+                        reason=report.reason,
+                        progress=advance,
+                    )
             report.replayed = outcome.replayed
             report.refused.update(outcome.refused)
+    if report.refused_all and not args.dry_run:
+        return _refuse_outside_window(inv, report)
     _print_replay(inv, report)
     return EXIT_FAILURE if report.refused else EXIT_OK
+
+
+def _refuse_outside_window(inv: Invocation, report: ReplayReport) -> int:
+    """Nothing replayed: one error line naming the count, and the report for --json."""
+    if inv.json:
+        inv.out.json(report.as_dict())
+    inv.out.error(
+        f"refusing to replay: {output.dedup_warning(report)}; nothing replayed "
+        "(add --allow-outside-dedup-window to replay them anyway)"
+    )
+    return EXIT_USAGE
 
 
 @contextlib.contextmanager
@@ -253,6 +361,9 @@ def _print_replay(inv: Invocation, report: ReplayReport) -> None:
     if not report.dry_run and not report.matched and not report.refused:
         inv.out.say("nothing to replay: no dead letters match")
         return
+    warning = output.dedup_warning(report)
+    if warning and not report.dry_run:
+        inv.out.note(warning)
     for line in output.replay_text(report):
         inv.out.say(line)
 

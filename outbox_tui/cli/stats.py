@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.operations import insights_for, open_database
+from engine.operations import insights_for, open_database, paused_backlog
 from engine.settings import DispatcherSettings
 from outbox_tui import PROG, output
 from outbox_tui.cli.errors import EXIT_OK
@@ -18,7 +18,8 @@ def register(sub: Any) -> None:
         "counts, ages and dispatcher heartbeats",
         "Counts per status, the oldest pending event's age, events stuck in publishing "
         "with an expired lease, published events awaiting the retention purge, and every "
-        "dispatcher's heartbeat.",
+        "dispatcher's heartbeat, the active pauses (with how many events each holds back) "
+        "and the event types with the most undelivered events, by status.",
         f"{PROG} stats",
         f"{PROG} stats --retention-seconds 86400 --json",
         f"{PROG} stats --retention-seconds none  # do not count the purge backlog",
@@ -35,10 +36,13 @@ async def stats(inv: Invocation) -> int:
             # A read-only look during an incident must not fail on a dispatcher setting.
             inv.out.note(f"purge backlog not counted: {inv.settings_problem}")
             dispatcher = None
-        snapshot = await insights_for(engine, dispatcher).overview()
+        insights = insights_for(engine, dispatcher)
+        snapshot = await insights.overview()
+        pauses = await paused_backlog(engine)
+        top = await insights.top_types()
     if inv.json:
-        inv.out.json(output.stats_record(snapshot, inv.masked_url))
+        inv.out.json(output.stats_record(snapshot, inv.masked_url, pauses=pauses, top_types=top))
     else:
-        for table in output.stats_tables(snapshot, inv.masked_url):
+        for table in output.stats_tables(snapshot, inv.masked_url, pauses=pauses, top_types=top):
             inv.out.console.print(table)
     return EXIT_OK

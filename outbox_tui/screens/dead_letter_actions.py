@@ -26,6 +26,7 @@ from outbox_tui.messages import (
 from outbox_tui.screens.base import ConsoleScreen
 from outbox_tui.screens.browser import BLOCKED, EVENTS, Target
 from outbox_tui.screens.confirm import Confirmation, ConfirmModal
+from outbox_tui.screens.incident_actions import ReplayConfirm, dedup_line, with_warning
 from outbox_tui.widgets.format import one_line, short_id
 
 
@@ -80,15 +81,8 @@ class DeadLetterActions(ConsoleScreen):
         target = self._target()
         if target is None or target.status != DEAD_LETTER:
             return
-        self.app.push_screen(
-            ConfirmModal(
-                "Replay dead letter",
-                replay_body(1, {target.kind: 1}, f"event {short_id(target.id)}"),
-                confirm_label="Replay",
-                ask_reason=True,
-            ),
-            lambda decision: self._replay_decided(decision, (target.id,)),
-        )
+        body = replay_body(1, {target.kind: 1}, f"event {short_id(target.id)}")
+        self._confirm_replay(ReplayConfirm("Replay dead letter", body, "Replay", (target.id,)))
 
     def action_replay_matching(self) -> None:
         view = self.view
@@ -120,14 +114,26 @@ class DeadLetterActions(ConsoleScreen):
         if message.total == 0:
             self.say(f"No dead letters ({scope}).", title="Nothing to replay")
             return
+        body = replay_body(message.total, message.by_type, scope)
+        label = f"Replay {message.total:,}"
+        self._confirm_replay(ReplayConfirm("Replay dead letters", body, label, message.ids))
+
+    @work(exclusive=True, group="replay", exit_on_error=False)
+    async def _confirm_replay(self, ask: ReplayConfirm) -> None:
+        """Count the events older than the dedup window, then ask (the dialog warns)."""
+        console = self.console_app
+        try:
+            warning = await console.db(dedup_line(console.engine, ask.ids))
+        except OutboxError as exc:
+            self.post_message(ActionFailed("Replay", one_line(exc)))
+            return
+        self.post_message(replace(ask, body=with_warning(ask.body, warning)))
+
+    @on(ReplayConfirm)
+    def _replay_confirm(self, ask: ReplayConfirm) -> None:
         self.app.push_screen(
-            ConfirmModal(
-                "Replay dead letters",
-                replay_body(message.total, message.by_type, scope),
-                confirm_label=f"Replay {message.total:,}",
-                ask_reason=True,
-            ),
-            lambda decision: self._replay_decided(decision, message.ids),
+            ConfirmModal(ask.title, ask.body, confirm_label=ask.label, ask_reason=True),
+            lambda decision: self._replay_decided(decision, ask.ids),
         )
 
     def _replay_decided(self, decision: Confirmation | None, ids: Sequence[str]) -> None:

@@ -60,11 +60,12 @@ from outbox_tui.screens.browser import (
 )
 from outbox_tui.screens.dead_letter_actions import DeadLetterActions
 from outbox_tui.screens.dispatch_switch import DispatchSwitch
+from outbox_tui.screens.incident_actions import IncidentActions
 
 THROUGHPUT_POINTS = 60
 
 
-class MainScreen(EventBrowser, DeadLetterActions, DispatchSwitch):
+class MainScreen(EventBrowser, DeadLetterActions, DispatchSwitch, IncidentActions):
     """Everything on one screen; the bindings here are the console's verbs."""
 
     COMMANDS = {ConsoleCommands}  # noqa: RUF012 - Textual's declaration style
@@ -328,6 +329,8 @@ class MainScreen(EventBrowser, DeadLetterActions, DispatchSwitch):
         if action == "skip_dead_letter":  # shown only where it applies: the footer is full
             keyed = target is not None and target.ordering_key is not None
             return keyed and target is not None and target.status == DEAD_LETTER
+        if action == "pause_type":
+            return True if target is not None else None
         if action == "show_key_events":
             return True if target is not None and target.ordering_key is not None else None
         if action == "close_detail":
@@ -352,6 +355,6 @@ class MainScreen(EventBrowser, DeadLetterActions, DispatchSwitch):
         return Target.of_event(event) if event is not None else None
 
 
-_ON_TARGET = ("replay_one", "skip_dead_letter", "show_key_events")
+_ON_TARGET = ("replay_one", "skip_dead_letter", "show_key_events", "pause_type")
 # The blocked-keys view has no filter and no pages (it lists the oldest heads).
 _NOT_FOR_KEYS = ("filter", "replay_matching", "older_page", "newer_page")

@@ -33,6 +33,8 @@ STATS_KEYS = {
     "oldest_blocked_head_age_seconds",
     "heartbeats",
     "unserved",
+    "pauses",
+    "top_types",
 }
 DEAD_LETTER_KEYS = {
     "id",
@@ -49,7 +51,18 @@ DEAD_LETTER_KEYS = {
     "ordering_key",
 }
 COUNTER_KEYS = {"claimed", "published", "failed", "dead_lettered", "lost_leases"}
-REPLAY_KEYS = {"dry_run", "matched", "by_type", "replayed", "refused", "operator", "reason"}
+REPLAY_KEYS = {
+    "dry_run",
+    "matched",
+    "by_type",
+    "replayed",
+    "refused",
+    "operator",
+    "reason",
+    "outside_dedup_window",
+    "dedup_window_seconds",
+    "refused_all",
+}
 
 
 def masked(url: str) -> str:

@@ -1,0 +1,187 @@
+"""The error groups (``g``): which failures are the same failure, and ``R`` to replay one.
+
+The groups come from ``engine.operations.error_groups`` (the same as ``outbox-tui
+dead-letter groups``); ``R`` replays the highlighted group's dead letters behind the
+one confirmation dialog, which names the count and the types and shows the
+dedup-window warning when it applies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.message import Message
+from textual.widgets import DataTable, Footer, Static
+
+from engine.error_groups import ErrorGroups
+from engine.errors import OutboxError
+from engine.operations import ReplayPlan, error_groups, plan_replay_of_group, replay_of_group
+from outbox_tui.screens.base import ConsoleScreen
+from outbox_tui.screens.confirm import Confirmation, ConfirmModal
+from outbox_tui.screens.dead_letter_actions import replay_body
+from outbox_tui.screens.incident_actions import dedup_line, with_warning
+from outbox_tui.widgets.format import one_line
+
+
+@dataclass
+class GroupsLoaded(Message):
+    found: ErrorGroups | None
+    error: str | None = None
+
+
+@dataclass
+class GroupReplayPrepared(Message):
+    fingerprint: str
+    plan: ReplayPlan
+    warning: str | None
+
+
+@dataclass
+class GroupReplayFinished(Message):
+    text: str
+    error: str | None = None
+
+
+class ErrorGroupsScreen(ConsoleScreen):
+    """Failed rows and dead letters grouped by error fingerprint, largest first."""
+
+    BINDINGS = [  # noqa: RUF012 - Textual's declaration style
+        Binding("escape", "close", "Back"),
+        Binding("R", "replay_group", "Replay group", id="replay-group"),
+        Binding("ctrl+r", "reload", "Refresh"),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__(id="error-groups")
+        self.found: ErrorGroups | None = None
+        self.loads = 0  # groups loaded (tests wait on this)
+
+    def compose(self) -> ComposeResult:
+        yield Static("Error groups: loading…", id="groups-title")
+        yield DataTable(id="groups", cursor_type="row", zebra_stripes=True)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        table = self.query_one(DataTable)
+        table.add_columns("count", "dead", "types", "last seen", "error", "fingerprint")
+        table.focus()
+        self.action_reload()
+
+    def action_close(self) -> None:
+        self.app.pop_screen()
+
+    def action_reload(self) -> None:
+        self._load()
+
+    @work(exclusive=True, group="groups", exit_on_error=False)
+    async def _load(self) -> None:
+        console = self.console_app
+        try:
+            found = await console.db(error_groups(console.engine))
+        except OutboxError as exc:
+            self.post_message(GroupsLoaded(None, one_line(exc)))
+            return
+        self.post_message(GroupsLoaded(found))
+
+    @on(GroupsLoaded)
+    def _loaded(self, message: GroupsLoaded) -> None:
+        title = self.query_one("#groups-title", Static)
+        if message.found is None:
+            title.update(f"Error groups: {message.error}")
+            return
+        self.found = found = message.found
+        table = self.query_one(DataTable)
+        table.clear()
+        for group in found.groups:
+            types = ", ".join(t for t, _ in group.event_types.most_common(2))
+            if len(group.event_types) > 2:
+                types += f" +{len(group.event_types) - 2}"
+            last = f"{group.last_seen:%m-%d %H:%M}" if group.last_seen else "-"
+            table.add_row(
+                f"{group.count:,}",
+                f"{group.dead_letters:,}",
+                types,
+                last,
+                one_line(group.message)[:70],
+                group.fingerprint,
+                key=group.fingerprint,
+            )
+        note = "" if found.complete else f" (newest {found.scanned:,} rows only)"
+        title.update(
+            f"Error groups: {len(found.groups)} from {found.scanned:,} failed and dead-letter "
+            f"rows{note} · R replays the highlighted group's dead letters · escape: back"
+        )
+        self.loads += 1
+
+    def _highlighted(self) -> str | None:
+        table = self.query_one(DataTable)
+        if self.found is None or not self.found.groups or table.row_count == 0:
+            return None
+        return self.found.groups[table.cursor_row].fingerprint
+
+    def action_replay_group(self) -> None:
+        fingerprint = self._highlighted()
+        if fingerprint is not None:
+            self._prepare(fingerprint)
+
+    @work(exclusive=True, group="group-replay", exit_on_error=False)
+    async def _prepare(self, fingerprint: str) -> None:
+        console = self.console_app
+        try:
+            plan = await console.db(plan_replay_of_group(console.engine, fingerprint))
+            warning = await console.db(dedup_line(console.engine, plan.ids)) if plan.ids else None
+        except OutboxError as exc:
+            self.post_message(GroupReplayFinished("", one_line(exc)))
+            return
+        self.post_message(GroupReplayPrepared(fingerprint, plan, warning))
+
+    @on(GroupReplayPrepared)
+    def _prepared(self, message: GroupReplayPrepared) -> None:
+        if not message.plan.ids:
+            self.say("This group has no dead letters (its failed rows retry by themselves).")
+            return
+        total = message.plan.matched
+        body = replay_body(total, message.plan.by_type, f"error group {message.fingerprint}")
+        self.app.push_screen(
+            ConfirmModal(
+                "Replay error group",
+                with_warning(body, message.warning),
+                confirm_label=f"Replay {total:,}",
+                ask_reason=True,
+            ),
+            lambda decision: self._decided(decision, message.fingerprint),
+        )
+
+    def _decided(self, decision: Confirmation | None, fingerprint: str) -> None:
+        if decision is None:
+            self.say("Replay cancelled; nothing changed.", timeout=3)
+            return
+        self._replay(fingerprint, decision.reason)
+
+    @work(exclusive=True, group="group-replay", exit_on_error=False)
+    async def _replay(self, fingerprint: str, reason: str | None) -> None:
+        console = self.console_app
+        try:
+            outcome = await console.db(
+                replay_of_group(
+                    console.engine, fingerprint, operator=console.operator, reason=reason
+                )
+            )
+        except OutboxError as exc:
+            self.post_message(GroupReplayFinished("", one_line(exc)))
+            return
+        text = f"{len(outcome.replayed):,} dead letters back to pending"
+        if outcome.refused:
+            text += f", {len(outcome.refused):,} refused"
+        self.post_message(GroupReplayFinished(text + "."))
+
+    @on(GroupReplayFinished)
+    def _finished(self, message: GroupReplayFinished) -> None:
+        if message.error:
+            self.say(message.error, title="Replay failed", severity="error", timeout=8)
+            return
+        self.say(message.text, title="Replayed", timeout=5)
+        self.action_reload()

@@ -1,0 +1,186 @@
+"""Incident actions on the main screen: ``p`` pauses or resumes the highlighted event's
+type, ``g`` opens the error groups, and the dedup-window line every replay dialog shows.
+
+Part of ``MainScreen``; the changes are ``engine.operations``', the same the CLI's
+``pause``, ``resume`` and ``dead-letter replay`` run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from rich.text import Text
+from textual import on, work
+from textual.message import Message
+
+from engine.errors import OutboxError
+from engine.operations import dedup_check, pause_type, paused_backlog, resume_type
+from engine.pauses import PausedBacklog, describe_scope
+from outbox_tui.messages import ActionFailed
+from outbox_tui.screens.base import ConsoleScreen
+from outbox_tui.screens.confirm import Confirmation, ConfirmModal
+from outbox_tui.widgets.format import one_line
+
+WARNING_STYLE = "bold #ffaf5f"
+
+
+async def dedup_line(engine: object, ids: Sequence[str]) -> str | None:
+    """The dedup-window warning for a replay of ``ids``, or None when it is safe."""
+    check = await dedup_check(engine, ids)  # type: ignore[arg-type]
+    return check.warning()
+
+
+def with_warning(body: Text, warning: str | None) -> Text:
+    """A replay dialog's body with the dedup-window warning under it, when there is one."""
+    if warning is None:
+        return body
+    return Text.assemble(body, "\n\n", ("⚠ " + warning, WARNING_STYLE))
+
+
+@dataclass
+class ReplayConfirm(Message):
+    """A replay to confirm: the dialog's title, body (with the warning) and button."""
+
+    title: str
+    body: Text
+    label: str
+    ids: Sequence[str]
+
+
+@dataclass
+class PausePrepared(Message):
+    """The highlighted type's pause now (None: not paused), ready for the confirmation."""
+
+    event_type: str
+    held: PausedBacklog | None
+    waiting: int
+
+
+@dataclass
+class PauseFinished(Message):
+    text: str
+    error: str | None = None
+
+
+def pause_body(message: PausePrepared) -> Text:
+    if message.held is not None:
+        p = message.held.pause
+        return Text.assemble(
+            "Resume ",
+            (p.describe(), "bold"),
+            "?\n\n",
+            ("  paused since  ", "#8a8a8a"),
+            f"{p.paused_at:%Y-%m-%d %H:%M} UTC by {p.paused_by}\n",
+            ("  reason        ", "#8a8a8a"),
+            f"{p.reason}\n",
+            ("  waiting       ", "#8a8a8a"),
+            (f"{message.held.waiting:,} events", "bold"),
+            "\n\nDispatchers deliver them again from their next round.",
+        )
+    return Text.assemble(
+        "Pause ",
+        (describe_scope(message.event_type, None), "bold"),
+        "?\n\n",
+        ("  waiting now   ", "#8a8a8a"),
+        (f"{message.waiting:,} events", "bold"),
+        "\n\nEvery dispatcher stops claiming this type from its next round: its events "
+        "stay pending and spend no attempts until it is resumed. A reason is required.",
+    )
+
+
+class IncidentActions(ConsoleScreen):
+    """Pause and resume of a type, and the error groups, from the main screen."""
+
+    def action_show_error_groups(self) -> None:
+        from outbox_tui.screens.error_groups import ErrorGroupsScreen
+
+        self.app.push_screen(ErrorGroupsScreen())
+
+    def action_pause_type(self) -> None:
+        target = self._target()  # type: ignore[attr-defined]
+        if target is None:
+            return
+        self._prepare_pause(target.kind.rsplit(" v", 1)[0])
+
+    @work(exclusive=True, group="pause", exit_on_error=False)
+    async def _prepare_pause(self, event_type: str) -> None:
+        console = self.console_app
+        try:
+            held = await console.db(paused_backlog(console.engine))
+        except OutboxError as exc:
+            self.post_message(ActionFailed("Pause", one_line(exc)))
+            return
+        mine = next(
+            (h for h in held if h.pause.event_type == event_type and h.pause.tenant_id is None),
+            None,
+        )
+        waiting = mine.waiting if mine is not None else 0
+        self.post_message(PausePrepared(event_type, mine, waiting))
+
+    @on(PausePrepared)
+    def _pause_prepared(self, message: PausePrepared) -> None:
+        resuming = message.held is not None
+        self.app.push_screen(
+            ConfirmModal(
+                "Resume delivery" if resuming else "Pause delivery",
+                pause_body(message),
+                confirm_label="Resume" if resuming else "Pause",
+                ask_reason=True,
+                reason_placeholder="why (kept in the pause audit log)",
+            ),
+            lambda decision: self._pause_decided(decision, message),
+        )
+
+    def _pause_decided(self, decision: Confirmation | None, message: PausePrepared) -> None:
+        if decision is None:
+            self.say("Nothing changed.", timeout=3)
+            return
+        if message.held is None and decision.reason is None:
+            self.say(
+                "A pause needs a reason: the next operator needs to know why.",
+                title="Not paused",
+                severity="warning",
+            )
+            return
+        self._pause(message, decision.reason)
+
+    @work(exclusive=True, group="pause", exit_on_error=False)
+    async def _pause(self, message: PausePrepared, reason: str | None) -> None:
+        console = self.console_app
+        scope = describe_scope(message.event_type, None)
+        try:
+            if message.held is None:
+                await console.db(
+                    pause_type(
+                        console.engine,
+                        message.event_type,
+                        None,
+                        reason=reason or "",
+                        operator=console.operator,
+                    )
+                )
+                text = f"{scope} paused: dispatchers stop claiming it from their next round."
+            else:
+                await console.db(
+                    resume_type(
+                        console.engine,
+                        message.event_type,
+                        None,
+                        operator=console.operator,
+                        reason=reason,
+                    )
+                )
+                text = f"{scope} resumed: its events are delivered again."
+        except OutboxError as exc:
+            self.post_message(PauseFinished("", one_line(exc)))
+            return
+        self.post_message(PauseFinished(text))
+
+    @on(PauseFinished)
+    def _pause_finished(self, message: PauseFinished) -> None:
+        if message.error:
+            self.say(message.error, title="Pause failed", severity="error", timeout=8)
+            return
+        self.say(message.text, title="Pause", timeout=5)
+        self.poll_now()  # type: ignore[attr-defined]

@@ -1,0 +1,128 @@
+"""The console's incident keys: g (error groups, R replays one), p (pause and resume the
+highlighted type), and the dedup-window warning in the replay dialogs."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from sqlalchemy import update
+from textual.widgets import Static
+
+from engine import create_engine
+from engine.clock import utc_now
+from engine.pauses import paused_backlog
+from engine.schema import DEAD_LETTER, outbox_events
+from outbox_tui.screens.confirm import ConfirmModal
+from outbox_tui.screens.error_groups import ErrorGroupsScreen
+from tests.console.conftest import SIZE, console, counts, started, until
+
+
+async def _pauses(url: str) -> list[str]:
+    engine = create_engine(url)
+    try:
+        return [h.pause.event_type for h in await paused_backlog(engine)]
+    finally:
+        await engine.dispose()
+
+
+async def _age_dead_letters(url: str) -> None:
+    engine = create_engine(url)
+    try:
+        async with engine.begin() as conn:
+            t = outbox_events
+            await conn.execute(
+                update(t)
+                .where(t.c.status == DEAD_LETTER)
+                .values(created_at=utc_now() - timedelta(days=30))
+            )
+    finally:
+        await engine.dispose()
+
+
+async def _dialog(pilot, app, what: str) -> None:
+    """Wait until the dialog is up and mounted (its keys reach it)."""
+    await until(pilot, lambda: isinstance(app.screen, ConfirmModal), what)
+    await pilot.pause()
+    await pilot.pause()
+
+
+def _body(app: object) -> str:
+    return str(app.screen.query_one("#confirm-body", Static).render())  # type: ignore[attr-defined]
+
+
+async def test_g_lists_the_groups_and_shift_r_replays_one(seeded_url, orders_registry):
+    dead = (await counts(seeded_url))[DEAD_LETTER]
+    app = console(seeded_url, orders_registry)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot)
+        await pilot.press("g")
+        assert isinstance(app.screen, ErrorGroupsScreen)
+        groups = app.screen
+        await until(pilot, lambda: groups.loads > 0, "the groups")
+        assert groups.found is not None and groups.found.groups
+        table_rows = groups.query_one("DataTable").row_count  # type: ignore[attr-defined]
+        assert table_rows == len(groups.found.groups)
+        # the first group with dead letters
+        index = next(i for i, g in enumerate(groups.found.groups) if g.dead_letters)
+        group = groups.found.groups[index]
+        for _ in range(index):
+            await pilot.press("down")
+        await pilot.press("R")
+        await _dialog(pilot, app, "the dialog")
+        body = _body(app)
+        assert f"{group.dead_letters:,} dead letter" in body
+        assert next(iter(group.event_types)) in body
+        assert "dedup window" not in body
+        await pilot.press("y")
+        await until(pilot, lambda: groups.loads > 1, "the groups again")
+        assert (await counts(seeded_url)).get(DEAD_LETTER, 0) == dead - group.dead_letters
+        await pilot.press("escape")
+        assert app.screen is app.main
+
+
+async def test_replay_dialogs_warn_outside_the_dedup_window(sqlite_seeded, orders_registry):
+    await _age_dead_letters(sqlite_seeded)
+    dead = (await counts(sqlite_seeded))[DEAD_LETTER]
+    app = console(sqlite_seeded, orders_registry)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot)
+        await pilot.press("d")
+        await until(pilot, lambda: app.main.mode == "dead_letters", "the dead letters")
+        await pilot.press("R")
+        await _dialog(pilot, app, "the bulk dialog")
+        assert f"{dead} of {dead} event(s) are older than the consumers' 7-day" in _body(app)
+        await pilot.pause()
+        await pilot.press("escape")
+        await until(pilot, lambda: not isinstance(app.screen, ConfirmModal), "the dialog closed")
+        await pilot.press("r")
+        await _dialog(pilot, app, "the dialog")
+        assert "1 of 1 event(s) are older" in _body(app)
+        await pilot.press("n")
+
+
+async def test_p_pauses_and_resumes_the_highlighted_type(seeded_url, orders_registry):
+    app = console(seeded_url, orders_registry)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot)
+        event_type = app.main._target().kind.rsplit(" v", 1)[0]
+        await pilot.press("p")
+        await _dialog(pilot, app, "the pause dialog")
+        assert f"Pause {event_type} (every tenant)?" in _body(app)
+        await pilot.press("y")  # no reason: refused
+        await until(pilot, lambda: not isinstance(app.screen, ConfirmModal), "the dialog closed")
+        assert await _pauses(seeded_url) == []
+
+        await pilot.press("p")
+        await _dialog(pilot, app, "the pause dialog")
+        await pilot.press(*"vendor down", "enter", "y")
+        await until(pilot, lambda: not isinstance(app.screen, ConfirmModal), "the dialog closed")
+        await app.workers.wait_for_complete()
+        assert await _pauses(seeded_url) == [event_type]
+
+        await pilot.press("p")
+        await _dialog(pilot, app, "the resume dialog")
+        assert "vendor down" in _body(app) and f"Resume {event_type}" in _body(app)
+        await pilot.press("y")
+        await until(pilot, lambda: not isinstance(app.screen, ConfirmModal), "the dialog closed")
+        await app.workers.wait_for_complete()
+        assert await _pauses(seeded_url) == []
