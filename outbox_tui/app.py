@@ -50,6 +50,7 @@ class ConsoleConfig:
     recent_window_seconds: float = 300.0
     poll_timeout_seconds: float = 10.0
     pending_age: AgeThresholds = field(default_factory=AgeThresholds)
+    dedup_window_seconds: float | None = None  # None: the default, 7 days
 
 
 class BackgroundTraffic(Protocol):

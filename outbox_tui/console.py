@@ -1,8 +1,8 @@
 """``outbox-tui`` without a subcommand: check the database, then open the console.
 
 Start-up problems (a bad URL, an unreachable database, missing tables, a broken
-installed app) are one line on stderr with how to fix it, and exit status 1;
-never a traceback.
+installed app) are one line on stderr with how to fix it, never a traceback; the exit
+status is the CLI's: 2 when the invocation or configuration must change, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from engine.operations import (
 from engine.settings import OutboxSettings
 from outbox_tui import PROG
 from outbox_tui.app import ConsoleConfig, OutboxConsole, make_app
+from outbox_tui.cli.errors import exit_status
 from outbox_tui.demo import DEMO_APPS, DEMO_DATABASE_URL, DemoTraffic, prepare_demo_database
 
 
@@ -73,6 +74,7 @@ def prepare_console(
         refresh_seconds=settings.console.refresh_seconds,
         page_size=settings.console.page_size,
         autostart_dispatch=demo,
+        dedup_window_seconds=settings.dedup_window_seconds,
     )
     return make_app(
         config, registry=registry, traffic=traffic, dispatch_settings=settings.dispatcher
@@ -107,7 +109,7 @@ def run_console(
     demo: bool = False,
     stderr: TextIO | None = None,
 ) -> int:
-    """Open the console; returns the exit status (1 with one line on stderr on failure)."""
+    """Open the console; returns the exit status (one line on stderr on failure)."""
     err = stderr or sys.stderr
     try:
         app = prepare_console(settings, installed_apps=installed_apps, app_dir=app_dir, demo=demo)
@@ -115,7 +117,7 @@ def run_console(
         urls = (settings.database_url, settings.amqp_url or "")
         message = mask_secrets(" ".join(str(exc).split()), *urls)
         print(f"{PROG}: error: {message}", file=err)
-        return 1
+        return exit_status(exc)
     with logging_into_console():
         app.run()
     return app.return_code or 0

@@ -15,7 +15,7 @@ numbers the same way:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -48,10 +48,14 @@ def dedup_window(seconds: float | None) -> timedelta:
 
 
 async def dedup_check(
-    engine: AsyncEngine, ids: Sequence[str], *, window_seconds: float | None = None
+    engine: AsyncEngine,
+    ids: Sequence[str],
+    *,
+    window_seconds: float | None = None,
+    now: datetime | None = None,
 ) -> DedupCheck:
     """How many of ``ids`` are older than the dedup window (consumers may process them twice)."""
-    return await check_dedup_window(engine, ids, window=dedup_window(window_seconds))
+    return await check_dedup_window(engine, ids, window=dedup_window(window_seconds), now=now)
 
 
 async def plan_replay_of_group(engine: AsyncEngine, fingerprint: str) -> ReplayPlan:

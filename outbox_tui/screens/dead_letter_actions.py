@@ -123,7 +123,7 @@ class DeadLetterActions(ConsoleScreen):
         """Count the events older than the dedup window, then ask (the dialog warns)."""
         console = self.console_app
         try:
-            warning = await console.db(dedup_line(console.engine, ask.ids))
+            warning = await console.db(dedup_line(console, ask.ids))
         except OutboxError as exc:
             self.post_message(ActionFailed("Replay", one_line(exc)))
             return

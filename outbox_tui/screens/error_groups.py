@@ -132,7 +132,7 @@ class ErrorGroupsScreen(ConsoleScreen):
         console = self.console_app
         try:
             plan = await console.db(plan_replay_of_group(console.engine, fingerprint))
-            warning = await console.db(dedup_line(console.engine, plan.ids)) if plan.ids else None
+            warning = await console.db(dedup_line(console, plan.ids)) if plan.ids else None
         except OutboxError as exc:
             self.post_message(GroupReplayFinished("", one_line(exc)))
             return

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual import on, work
@@ -22,12 +23,23 @@ from outbox_tui.screens.base import ConsoleScreen
 from outbox_tui.screens.confirm import Confirmation, ConfirmModal
 from outbox_tui.widgets.format import one_line
 
+if TYPE_CHECKING:
+    from outbox_tui.app import OutboxConsole
+
 WARNING_STYLE = "bold #ffaf5f"
 
 
-async def dedup_line(engine: object, ids: Sequence[str]) -> str | None:
-    """The dedup-window warning for a replay of ``ids``, or None when it is safe."""
-    check = await dedup_check(engine, ids)  # type: ignore[arg-type]
+async def dedup_line(console: OutboxConsole, ids: Sequence[str]) -> str | None:
+    """The dedup-window warning for a replay of ``ids``, or None when it is safe.
+
+    The window is the configured one, and "now" is the console's clock.
+    """
+    check = await dedup_check(
+        console.engine,
+        ids,
+        window_seconds=console.config.dedup_window_seconds,
+        now=console.clock(),
+    )
     return check.warning()
 
 

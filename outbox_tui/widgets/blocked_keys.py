@@ -79,10 +79,15 @@ class BlockedKeysTable(DataTable[Text | str]):
             row = min(max(row_before, 0), len(names) - 1)
         self.move_cursor(row=row, animate=False)
 
+    def on_resize(self) -> None:
+        if self._keys:  # the same keys: their cells again, for the new width
+            self.show(self.blocked_keys)
+
     def _cells(self, k: BlockedKey) -> list[Text | str]:
         waiting = Text(f"{k.waiting:,}", style=WAITING_STYLE if k.waiting else MUTED_STYLE)
         # Narrow terminals: the key gives way, so the waiting count after it shows whole.
-        key_width = 48 if self.size.width >= 100 else 22
+        # By the terminal's width: the table may still be hidden (no size) when it fills.
+        key_width = 48 if self.app.size.width >= 100 else 22
         return [
             one_line(k.ordering_key, key_width),
             waiting,

@@ -233,7 +233,9 @@ async def test_init_db_upgrades_an_old_schema_in_place(cli: Cli, database_url: s
     env = {"OUTBOX_DATABASE_URL": database_url}
 
     outdated = cli("stats", "--json", env=env)
-    outdated.assert_one_error_line("from an earlier version", "`outbox-tui init-db`", status=1)
+    outdated.assert_one_error_line(
+        "from an earlier version", "`outbox-tui init-db --database-url ", status=1
+    )
     assert outdated.stdout == ""
     listing = cli("dead-letter", "list", env=env)
     listing.assert_one_error_line("from an earlier version", "init-db", status=1)

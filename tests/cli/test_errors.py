@@ -135,7 +135,9 @@ def test_missing_tables_name_init_db(cli: Cli, tmp_path: Path) -> None:
     result = cli(
         "dead-letter", "list", "--database-url", f"sqlite+aiosqlite:///{tmp_path}/empty.db"
     )
-    result.assert_one_error_line("outbox tables are missing", "`outbox-tui init-db`", status=1)
+    result.assert_one_error_line(
+        "outbox tables are missing", "`outbox-tui init-db --database-url ", status=1
+    )
 
 
 @pytest.mark.postgresql

@@ -100,6 +100,37 @@ async def test_replay_dialogs_warn_outside_the_dedup_window(sqlite_seeded, order
         await pilot.press("n")
 
 
+async def _replay_dialog_body(url, registry, ahead: timedelta, **config: object) -> str:
+    """The ``r`` dialog's body on a console whose clock runs ``ahead`` of the real one."""
+    app = console(url, registry, **config)
+    app.clock = lambda: utc_now() + ahead
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot)
+        await pilot.press("d")
+        await until(pilot, lambda: app.main.mode == "dead_letters", "the dead letters")
+        await pilot.press("r")
+        await _dialog(pilot, app, "the dialog")
+        body = _body(app)
+        await pilot.press("n")
+    return body
+
+
+async def test_the_dialog_uses_the_configured_window_and_the_console_clock(
+    sqlite_seeded, orders_registry
+):
+    """Two minutes on, fresh dead letters are outside a 1-minute window but inside 7 days;
+    eight days on, outside the default window too."""
+    minute = {"dedup_window_seconds": 60}
+    soon = timedelta(minutes=2)
+    assert "1-minute dedup window" in await _replay_dialog_body(
+        sqlite_seeded, orders_registry, soon, **minute
+    )
+    assert "dedup window" not in await _replay_dialog_body(sqlite_seeded, orders_registry, soon)
+    assert "7-day dedup window" in await _replay_dialog_body(
+        sqlite_seeded, orders_registry, timedelta(days=8)
+    )
+
+
 async def test_p_pauses_and_resumes_the_highlighted_type(seeded_url, orders_registry):
     app = console(seeded_url, orders_registry)
     async with app.run_test(size=SIZE) as pilot:

@@ -123,7 +123,7 @@ def assert_one_line(output: str) -> str:
 
 def test_bad_url_is_one_line():
     code, out = start("mysql://root@localhost/outbox")
-    assert code == 1 and "unsupported database URL scheme 'mysql'" in assert_one_line(out)
+    assert code == 2 and "unsupported database URL scheme 'mysql'" in assert_one_line(out)
 
 
 def test_missing_sqlite_file_says_how_to_create_it(tmp_path):
@@ -148,7 +148,8 @@ def test_unreachable_server_is_one_line_without_the_password():
 
 def test_broken_installed_app_is_one_line(sqlite_url):
     code, out = start(sqlite_url, "no_such_module_here")
-    assert code == 1 and "cannot import installed app 'no_such_module_here'" in assert_one_line(out)
+    # An installed app is configuration: exit 2, as the CLI's commands say of it.
+    assert code == 2 and "cannot import installed app 'no_such_module_here'" in assert_one_line(out)
 
 
 def test_no_traceback_reaches_the_terminal_for_a_directory_path(tmp_path):

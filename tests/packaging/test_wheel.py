@@ -280,7 +280,7 @@ def test_the_installed_console_shows_its_first_screen(venv: Venv) -> None:
     assert Path(css).is_relative_to(venv.root) and Path(css).is_file()
     assert seen["overview_height"] == "5"  # a rule from styles.tcss is in force
     assert {"tile-pending", "tile-dead_letter", "tile-published"} <= set(seen["tiles"])
-    assert seen["tiles"]["tile-pending"] == "0"
+    assert seen["tiles"]["tile-pending"].strip() == "0"
     assert "waiting for the first refresh" not in seen["health"]
 
 
