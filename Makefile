@@ -3,7 +3,7 @@ PYTHON ?= python3
 BIN = $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: install test lint demo screenshots bench clean
+.PHONY: install test lint demo screenshots bench reliability clean
 
 # Re-installs whenever pyproject.toml changes (new dependency, new entry point).
 $(VENV)/.installed: pyproject.toml
@@ -29,6 +29,12 @@ test: install
 BENCH_ARGS ?=
 bench: $(VENV)/.installed-bench
 	VENV=$(VENV) bash scripts/bench.sh $(BENCH_ARGS)
+
+# The fault suite at soak sizes (longer runs, more kills), then docs/RELIABILITY.md from its
+# records; `make test` runs the same scenarios at CI sizes.
+reliability: install
+	VENV=$(VENV) bash scripts/test.sh tests/reliability --soak
+	$(BIN)/python -m tests.reliability.report
 
 lint: install
 	$(BIN)/ruff check .

@@ -133,3 +133,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if SERVICE_CONTROL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.serial)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--soak",
+        action="store_true",
+        default=False,
+        help="run the fault suite (tests/reliability) at soak sizes instead of CI sizes",
+    )
+
+
+@pytest.fixture
+def soak(request: pytest.FixtureRequest) -> bool:
+    """True under ``--soak``: a fault scenario runs longer, with more events and faults."""
+    return bool(request.config.getoption("--soak"))
