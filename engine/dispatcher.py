@@ -346,7 +346,7 @@ class OutboxDispatcher:
             )
         except EventValidationError as exc:
             return None, f"schema: {exc}"
-        return EventEnvelope.from_row({**values, "payload": payload}), ""
+        return EventEnvelope.from_row(values, payload), ""
 
     async def _run_handlers(
         self, row: ClaimedRow, envelope: EventEnvelope, done: set[tuple[str, str]]

@@ -9,6 +9,8 @@ from typing import Any
 
 from engine.context import TaskContext
 
+_FROM_ROW: Any = object()  # from_row's default: the payload is the row's own
+
 
 @dataclass(frozen=True, slots=True)
 class EventEnvelope:
@@ -57,9 +59,10 @@ class EventEnvelope:
         )
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> EventEnvelope:
-        """Build from an ``outbox_events`` row mapping."""
-        payload = row["payload"]
+    def from_row(cls, row: Mapping[Any, Any], payload: Any = _FROM_ROW) -> EventEnvelope:
+        """Build from an ``outbox_events`` row mapping (``payload``: already decoded)."""
+        if payload is _FROM_ROW:
+            payload = row["payload"]
         if not isinstance(payload, Mapping):
             raise TypeError(f"payload is {type(payload).__name__}, not a JSON object")
         return cls(
