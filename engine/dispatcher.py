@@ -19,6 +19,7 @@ One round (``dispatch_once``):
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import socket
@@ -299,22 +300,29 @@ class OutboxDispatcher:
         stop: asyncio.Event | None,
         completions: _Completions,
     ) -> None:
-        """Run the handlers of ``rows`` concurrently, at most ``max_concurrency`` at once."""
+        """Run the handlers of ``rows`` concurrently, at most ``max_concurrency`` at once.
+
+        ``max_concurrency`` workers (fewer for a small batch) take rows in claim order
+        from one queue: a task per row behind a semaphore cost twice as much per event,
+        which a no-op or quick handler notices. Each row's task context is set and reset
+        around its handlers (``_run_handlers``).
+        """
         done = await self._succeeded_handlers(rows)
         # A row handled after its lease expired may be handled again by another
         # dispatcher meanwhile: stop starting handlers well before that.
         deadline = claimed_at + self.start_budget
-        slots = asyncio.Semaphore(self.max_concurrency)
+        queue = collections.deque(rows)
 
-        async def deliver(row: ClaimedRow) -> None:
-            async with slots:
+        async def worker() -> None:
+            while queue:
+                row = queue.popleft()
                 if (stop is not None and stop.is_set()) or self.clock() >= deadline:
                     completions.add(_Outcome(row, "unattempted"))
-                    return
+                    continue
                 outcome, records = await self._run_handlers(row, envelopes[row.event_id], done)
                 completions.add(outcome, records)
 
-        await asyncio.gather(*(deliver(row) for row in rows))
+        await asyncio.gather(*(worker() for _ in range(min(self.max_concurrency, len(rows)))))
 
     async def _succeeded_handlers(self, rows: list[ClaimedRow]) -> set[tuple[str, str]]:
         """Handler runs that already succeeded, looked up only for rows delivered before.
