@@ -434,7 +434,9 @@ def stats_tables(
     # The types each dispatcher claims, cut to the room (``orders.placed, … (3 types)``):
     # only while some heartbeat says (earlier versions did not), and not below 100 columns.
     serves = _SERVES_CELLS if width is None else min(_SERVES_CELLS, width - 90)
-    serves_shown = serves >= 8 and any(hb["serves"] is not None for hb in record["heartbeats"])
+    serves_shown = (width is None or width >= 100) and any(
+        hb["serves"] is not None for hb in record["heartbeats"]
+    )
     if serves_shown:
         beats.add_column("serves", no_wrap=True, overflow="ellipsis")
     for hb in record["heartbeats"]:
