@@ -25,7 +25,7 @@ from engine.error_groups import ErrorGroup, ErrorGroups
 from engine.insights import TYPE_STATUSES, EventSummary, HeartbeatView, OverviewSnapshot, TypeCounts
 from engine.pauses import PausedBacklog
 from outbox_tui import PROG
-from outbox_tui.widgets.format import heartbeat_state_text
+from outbox_tui.widgets.format import heartbeat_state_text, served_types
 
 COUNTERS = ("claimed", "published", "failed", "dead_lettered", "lost_leases")
 HEARTBEAT_TOTALS = (*COUNTERS, "purged", "storage_errors")
@@ -359,13 +359,18 @@ def dead_letters_table(
     return table
 
 
+_SERVES_CELLS = 40
+
+
 def stats_tables(
     snapshot: OverviewSnapshot,
     database_url: str,
     *,
     pauses: Sequence[PausedBacklog] = (),
     top_types: Sequence[TypeCounts] = (),
+    width: int | None = None,
 ) -> list[Table | Text]:
+    """``width``: the terminal's, if known (the heartbeats' serves column fits it)."""
     record = stats_record(snapshot, database_url, pauses=pauses, top_types=top_types)
     overview = Table(title="outbox", title_justify="left", show_header=False)
     overview.add_column("what", style="bold")
@@ -426,7 +431,16 @@ def stats_tables(
         beats.add_column(name)
     beats.add_column("failed")
     beats.add_column("dead")
+    # The types each dispatcher claims, cut to the room (``orders.placed, … (3 types)``):
+    # only while some heartbeat says (earlier versions did not), and not below 100 columns.
+    serves = _SERVES_CELLS if width is None else min(_SERVES_CELLS, width - 90)
+    serves_shown = (width is None or width >= 100) and any(
+        hb["serves"] is not None for hb in record["heartbeats"]
+    )
+    if serves_shown:
+        beats.add_column("serves", no_wrap=True, overflow="ellipsis")
     for hb in record["heartbeats"]:
+        served = [served_types(hb["serves"], serves)] if serves_shown else []
         beats.add_row(
             hb["instance_id"],
             hb["host"],
@@ -437,6 +451,7 @@ def stats_tables(
             str(hb["totals"]["published"]),
             str(hb["totals"]["failed"]),
             str(hb["totals"]["dead_lettered"]),
+            *served,
         )
     tables.append(beats)
     return tables

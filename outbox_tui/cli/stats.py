@@ -43,6 +43,9 @@ async def stats(inv: Invocation) -> int:
     if inv.json:
         inv.out.json(output.stats_record(snapshot, inv.masked_url, pauses=pauses, top_types=top))
     else:
-        for table in output.stats_tables(snapshot, inv.masked_url, pauses=pauses, top_types=top):
+        tables = output.stats_tables(
+            snapshot, inv.masked_url, pauses=pauses, top_types=top, width=inv.out.console.width
+        )
+        for table in tables:
             inv.out.console.print(table)
     return EXIT_OK

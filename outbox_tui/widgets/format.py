@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
+from rich.cells import cell_len
 from rich.text import Text
 
 # Rich styles: cells and detail sections are Rich renderables (no Textual variables).
@@ -107,6 +109,44 @@ def one_line(value: Any, width: int | None = None) -> str:
     if width is not None and len(text) > width:
         return text[: max(0, width - 1)] + "…"
     return text
+
+
+def plural(value: int, noun: str) -> str:
+    """``1 type``, ``3 types``, ``1,200 events``."""
+    return f"{value:,} {noun}" if value == 1 else f"{value:,} {noun}s"
+
+
+def fit_list(
+    items: Sequence[str], width: int, more: Callable[[int], str], sep: str = ", "
+) -> str | None:
+    """``items`` joined in order within ``width`` cells; when not all of them fit, as many
+    as fit followed by ``more(number left out)``; None when not even one does."""
+    whole = sep.join(items)
+    if cell_len(whole) <= width:
+        return whole
+    for shown in range(len(items) - 1, 0, -1):
+        text = sep.join(items[:shown]) + more(len(items) - shown)
+        if cell_len(text) <= width:
+            return text
+    return None
+
+
+def served_types(types: Sequence[str] | None, width: int) -> str:
+    """What a dispatcher claims, in at most ``width`` cells (down to ``12 types``).
+
+    ``orders.placed, orders.cancelled`` while the names fit, then
+    ``orders.placed, … (3 types)``, then ``3 types``. An em dash for a dispatcher of an
+    earlier version that did not say (it claims every type); ``nothing`` for none.
+    """
+    if types is None:
+        return "—"
+    if not types:
+        return "nothing"
+    total = plural(len(types), "type")
+    fitted_names = fit_list(types, width, lambda _left: f", … ({total})")
+    if fitted_names is not None:
+        return fitted_names
+    return one_line(types[0], width) if len(types) == 1 and width >= 8 else total
 
 
 MUTED_STYLE = "#8a8a8a"

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+import json
+from datetime import datetime, timedelta
 
 import pytest
-from sqlalchemy import bindparam, func, select, text
+from sqlalchemy import ARRAY, Text, bindparam, func, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 
 from engine import insights, pauses, store
@@ -162,3 +163,162 @@ async def test_top_types_and_pause_counts_stay_inside_the_backlog_and_in_flight_
         plan = await _plan(db, pauses.waiting_count("orders.placed", tenant))
         _assert_no_table_scan(plan)
         assert "ix_outbox_events_type_backlog" in plan, plan
+
+
+async def _fill_unserved_backlog(db, keys: int, behind: int, first: int = 0) -> None:
+    """``keys`` ordering keys, each headed by an event of a type nobody here serves, with
+    ``behind`` events of a served type queued after it (``first``: the id numbering's start,
+    to queue more behind the same heads later), plus unordered rows of that unserved type."""
+    pg = db.dialect.name == "postgresql"
+    numbers = (
+        f"generate_series({first}, {first + keys * behind - 1}) AS s(i)"
+        if pg
+        else f"(WITH RECURSIVE s(i) AS (SELECT {first} UNION ALL SELECT i + 1 FROM s "
+        f"WHERE i < {first + keys * behind - 1}) SELECT i FROM s)"
+    )
+    heads = (
+        f"generate_series(0, {keys - 1}) AS s(i)"
+        if pg
+        else f"(WITH RECURSIVE s(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM s "
+        f"WHERE i < {keys - 1}) SELECT i FROM s)"
+    )
+    insert = (
+        "INSERT INTO outbox_events (id, tenant_id, event_type, event_version, "
+        "aggregate_type, aggregate_id, payload, ordering_key) "
+    )
+    async with db.begin() as conn:
+        if first == 0:
+            await conn.exec_driver_sql(
+                insert + f"SELECT 'h' || i, 't', 'unserved', 1, 'o', 'a', '{{}}', 'k' || i "
+                f"FROM {heads}"
+            )
+            await conn.exec_driver_sql(
+                insert + f"SELECT 'u' || i, 't', 'unserved', 1, 'o', 'a', '{{}}', NULL FROM {heads}"
+            )
+        await conn.exec_driver_sql(
+            insert + f"SELECT 'b' || i, 't', 'a', 1, 'o', 'a', '{{}}', 'k' || (i % {keys}) "
+            f"FROM {numbers}"
+        )
+        await conn.exec_driver_sql("ANALYZE outbox_events" if pg else "ANALYZE")
+
+
+async def _claim_work(db, clock, scope: store.ClaimScope) -> tuple[int, int]:
+    """(rows claimed, work done) for one scoped claim (claim_batch), rolled back afterwards.
+
+    Work: on SQLite the virtual machine instructions the claim ran (a progress handler
+    counting every 100); on PostgreSQL the rows every node of the claim statement's plan
+    produced, all loops together (EXPLAIN ANALYZE), which counts each index entry a scan
+    returned.
+    """
+    batch = 100
+    steps = 0
+
+    def step() -> int:
+        nonlocal steps
+        steps += 1
+        return 0
+
+    pg = db.dialect.name == "postgresql"
+    async with db.connect() as conn:
+        raw = await conn.get_raw_connection()
+        if not pg:
+            await raw.driver_connection.set_progress_handler(step, 100)
+        try:
+            async with conn.begin() as tx:
+                if pg:
+                    await conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
+                    steps = await _claim_plan_rows(conn, clock, scope, batch)
+                claimed = await store.claim_batch(
+                    conn,
+                    dispatcher_id="d",
+                    batch_size=batch,
+                    lease=timedelta(seconds=30),
+                    now=clock(),
+                    scope=scope,
+                )
+                await tx.rollback()
+        finally:
+            if not pg:
+                await raw.driver_connection.set_progress_handler(None, 100)
+    return len(claimed.rows), steps
+
+
+async def _claim_plan_rows(conn, clock, scope: store.ClaimScope, batch: int) -> int:
+    """Rows produced by every node of the statement claim_batch would run (PostgreSQL)."""
+    per_type = await store._per_type_plan(conn, scope)
+    sql = store._claim_sql(
+        "postgresql", True, scoped=True, per_type=None if per_type is None else len(per_type)
+    )
+    params = {
+        **store._scope_params("postgresql", scope),
+        **{f"type_{i}": name for i, name in enumerate(per_type or ())},
+        "now": clock(),
+        "locked_until": clock() + timedelta(seconds=30),
+        "dispatcher_id": "d",
+        "batch": batch,
+        "key_cursor": "",
+        "walk_limit": 4 * batch,
+    }
+    typed = [bindparam(k, type_=UtcDateTime()) for k in ("now", "locked_until")]
+    typed += [bindparam(k, type_=ARRAY(Text)) for k in ("scope_types", "scope_pairs")]
+    async with conn.begin_nested() as savepoint:
+        stmt = text("EXPLAIN (ANALYZE, FORMAT JSON) " + sql).bindparams(*typed)
+        plan = (await conn.execute(stmt, params)).scalar_one()
+        await savepoint.rollback()
+
+    def produced(node: dict) -> int:
+        rows = int(node.get("Actual Rows", 0)) * int(node.get("Actual Loops", 1))
+        return rows + sum(produced(child) for child in node.get("Plans", ()))
+
+    return produced((json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"])
+
+
+async def test_a_scoped_claim_on_sqlite_searches_one_range_per_served_type(sqlite_url, clock):
+    """The SQLite side of the test above, on a backlog: each served type's range is a
+    SEARCH of ix_outbox_events_unordered_type by event_type, never a SCAN of it."""
+    from engine import create_engine, create_schema
+
+    db = create_engine(sqlite_url)
+    try:
+        await create_schema(db)
+        await _fill_unserved_backlog(db, keys=50, behind=4)
+        sql = store._claim_sql("sqlite", True, scoped=True, per_type=2)
+        params = {
+            **store._scope_params("sqlite", store.ClaimScope(frozenset({"a", "b"}))),
+            "type_0": "a",
+            "type_1": "b",
+            "now": clock(),
+            "locked_until": clock(),
+            "dispatcher_id": "d",
+            "batch": 100,
+            "key_cursor": "",
+            "walk_limit": 400,
+        }
+        plan = await _text_plan(db, sql, params)
+    finally:
+        await db.dispose()
+    _assert_no_table_scan(plan)
+    ranges = [line for line in plan.splitlines() if "ix_outbox_events_unordered_type" in line]
+    assert len(ranges) == 2, plan  # one per served type
+    for line in ranges:
+        assert line.startswith("SEARCH") and "(event_type=?" in line, plan
+    assert "INDEX ix_outbox_events_unordered " not in plan, plan
+
+
+async def test_the_key_walk_past_unserved_heads_costs_per_key_not_per_row_behind(db, clock):
+    """Many keys whose heads nobody here serves, each with rows of a served type behind:
+    the claim takes none of them (they wait behind their heads) and its work does not grow
+    with the rows queued behind the heads (the walk probes one head per key)."""
+    scope = store.ClaimScope(frozenset({"a"}))
+    keys = 300
+    await _fill_unserved_backlog(db, keys=keys, behind=5)
+    claimed, shallow = await _claim_work(db, clock, scope)
+    assert claimed == 0
+    await _fill_unserved_backlog(db, keys=keys, behind=60, first=keys * 5)  # 12x as deep
+    claimed, deep = await _claim_work(db, clock, scope)
+    assert claimed == 0
+    # 18,000 served rows wait behind the heads now, against 1,500 before: a walk that
+    # visited them would cost ~12x; a walk over heads costs the same (index depth aside).
+    assert deep < 1.5 * shallow, (shallow, deep)
+    if db.dialect.name == "postgresql":
+        assert deep < keys * 5 * 60 / 4, deep  # far fewer rows than wait behind the heads

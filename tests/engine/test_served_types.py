@@ -214,3 +214,47 @@ async def test_paused_types_and_tenants_wait_unattempted_until_resumed(db, regis
     await resume(db, "orders.placed", "globex", operator="ops")
     await dispatcher.dispatch_once()
     assert "p-globex" in seen
+
+
+async def test_an_unknown_version_of_a_served_type_is_dead_lettered(db, registry, clock):
+    """Scope is by type, not version: an old dispatcher claims v2 of a type it serves and
+    dead-letters it as not registered (docs/dispatcher.md: deploy consumers first)."""
+    seen: list[str] = []
+    handling(registry, "orders.placed", seen)
+    await insert(db, ("v1", "orders.placed"))
+    async with db.begin() as conn:
+        await conn.execute(
+            text(
+                "INSERT INTO outbox_events (id, tenant_id, event_type, event_version, "
+                "aggregate_type, aggregate_id, payload) VALUES ('v2', 'acme', 'orders.placed', "
+                "2, 'order', 'o-1', :payload)"
+            ),
+            {"payload": payload()},
+        )
+    result = await OutboxDispatcher(db, registry, clock=clock).dispatch_once()
+    assert (result.claimed, result.published, result.dead_lettered) == (2, 1, 1)
+    assert seen == ["v1"]
+    dead = await row(db, "v2")
+    assert dead["status"] == "dead_letter"
+    assert dead["dead_letter_reason"] == (
+        "permanent: schema: event type 'orders.placed' version 2 is not registered "
+        "(registered versions: [1])"
+    )
+
+
+async def test_two_services_handling_one_type_do_not_fan_out(db, registry, clock):
+    """Whichever dispatcher claims an event runs its own handlers only and marks it
+    published: the other service's handlers for the same type never see it."""
+    billing: list[str] = []
+    shipping: list[str] = []
+    handling(registry, "orders.placed", billing)
+    other = EventRegistry()
+    other.register_event("orders.placed", 1)
+    handling(other, "orders.placed", shipping)
+    await insert(db, ("p1", "orders.placed"))
+    first = OutboxDispatcher(db, registry, clock=clock)
+    second = OutboxDispatcher(db, other, clock=clock)
+    assert (await first.dispatch_once()).published == 1
+    assert (await second.dispatch_once()).claimed == 0
+    assert (billing, shipping) == (["p1"], [])
+    assert (await row(db, "p1"))["status"] == "published"
