@@ -34,33 +34,42 @@ def pause_text(
 ) -> Text:
     """``⏸ orders.placed · every tenant · paused 3m ago · 12 waiting · by alice: …``.
 
-    The longest variant that fits ``width``: with who and why, without them, with the
-    counts abbreviated, and last the event type shortened; the numbers stay whole.
+    The longest variant that fits ``width``: with who and why, without them, then a
+    shorter form (``⏸ orders.placed · all tenants · 3m · 12 waiting · +1 more``) with
+    the count abbreviated if need be, and last that form with the event type shortened;
+    the numbers stay whole.
     """
     pause = held.pause
-    tail = f"  ·  +{more} more paused" if more else ""
+    since = _since(held, now)
     why = f" · by {pause.paused_by}: {one_line(pause.reason)}" if who else ""
+    tail, short_tail = (f"  ·  +{more} more paused", f" · +{more} more") if more else ("", "")
+    long_rest = [
+        (" · ", MUTED),
+        (_scope(held), ""),
+        (" · paused ", MUTED),
+        (f"{since} ago", "bold"),
+        (" · ", MUTED),
+        (f"{count(held.waiting)} waiting", f"bold {WARN}"),
+    ]
+    candidates = [Text.assemble(*long_rest, (extra, MUTED), (tail, MUTED)) for extra in (why, "")]
+    tenant = "all tenants" if pause.tenant_id is None else pause.tenant_id
     for waiting in (count(held.waiting), compact(held.waiting)):
-        fixed = [
-            (" · ", MUTED),
-            (_scope(held), ""),
-            (" · paused ", MUTED),
-            (f"{_since(held, now)} ago", "bold"),
-            (" · ", MUTED),
-            (f"{waiting} waiting", f"bold {WARN}"),
-        ]
-        for extra in (why, ""):
-            line = Text.assemble(
-                ("⏸ ", f"bold {WARN}"),
-                (pause.event_type, "bold"),
-                *fixed,
-                (extra, MUTED),
-                (tail, MUTED),
-                no_wrap=True,
+        candidates.append(
+            Text.assemble(
+                (" · ", MUTED),
+                (tenant, ""),
+                (" · ", MUTED),
+                (since, "bold"),
+                (" · ", MUTED),
+                (f"{waiting} waiting", f"bold {WARN}"),
+                (short_tail, MUTED),
             )
-            if line.cell_len <= width:
-                return line
-    rest = Text.assemble(*fixed, (tail, MUTED))
+        )
+    for rest in candidates:
+        line = Text.assemble(("⏸ ", f"bold {WARN}"), (pause.event_type, "bold"), rest, no_wrap=True)
+        if line.cell_len <= width:
+            return line
+    rest = candidates[-1]
     room = max(1, width - 2 - rest.cell_len)
     return Text.assemble(
         ("⏸ ", f"bold {WARN}"), (one_line(pause.event_type, room), "bold"), rest, no_wrap=True
