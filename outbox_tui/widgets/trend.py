@@ -171,7 +171,7 @@ class TrendLine(Static):
         return trend_line(self.view, self.content_size.width)
 
 
-ROWS = (  # label, colour, the series, how its latest value reads
+ROWS = (  # the label and colour of each series row, in order
     ("backlog", BACKLOG_COLOUR),
     ("oldest pending", AGE_COLOUR),
     ("published /s", OUT_COLOUR),
