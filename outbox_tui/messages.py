@@ -12,7 +12,15 @@ from dataclasses import dataclass
 
 from textual.message import Message
 
-from engine.insights import BlockedKey, EventDetail, EventFilter, EventPage, OverviewSnapshot
+from engine.insights import (
+    BlockedKey,
+    EventDetail,
+    EventFilter,
+    EventPage,
+    OverviewSnapshot,
+    TypeCounts,
+)
+from engine.operations.incidents import PausedBacklog
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,13 +35,24 @@ ViewPage = EventPage | BlockedPage
 
 
 class PollSucceeded(Message):
-    """One refresh answered: the overview and the page the current view shows."""
+    """One refresh answered: the overview, the active pauses with what each holds back,
+    the types with the most undelivered events, and the page the current view shows."""
 
-    def __init__(self, snapshot: OverviewSnapshot, page: ViewPage, generation: int) -> None:
+    def __init__(
+        self,
+        snapshot: OverviewSnapshot,
+        page: ViewPage,
+        generation: int,
+        *,
+        pauses: Sequence[PausedBacklog] = (),
+        top_types: Sequence[TypeCounts] = (),
+    ) -> None:
         super().__init__()
         self.snapshot = snapshot
         self.page = page
         self.generation = generation  # which view state asked (stale answers are dropped)
+        self.pauses = pauses
+        self.top_types = top_types
 
 
 class PageLoaded(Message):

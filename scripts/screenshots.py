@@ -2,9 +2,9 @@
 
 The real app from ``make_app`` runs headless on the deterministic showcase
 database (example orders from a fixed seed, a fixed clock) and goes through the
-same scenes as the snapshot tests: overview, events with detail, dead letters,
+same scenes as the snapshot tests: overview, a paused type, events with detail, dead letters,
 the replay confirmation, blocked keys, a blocked head's detail, the skip
-confirmation, help, the filter and the palette; then four of them at 80x24.
+confirmation, help, the filter and the palette; then five of them at 80x24.
 Each scene gets a fresh copy of the database.
 
     .venv/bin/python scripts/screenshots.py [--out DIR] [--size 160x45]
@@ -34,6 +34,7 @@ from tests.console.showcase import (  # noqa: E402 - after the path set-up above
 
 NAMES = {
     "overview": "overview.svg",
+    "overview-paused": "paused-type.svg",
     "events-detail": "events-with-detail.svg",
     "dead-letters": "dead-letters.svg",
     "confirm-replay": "confirm-replay.svg",
@@ -46,7 +47,7 @@ NAMES = {
 }
 # At 80x24 too: the terminal operators have.
 SMALL = (80, 24)
-SMALL_SCENES = ("overview", "events-detail", "confirm-replay", "blocked-keys")
+SMALL_SCENES = ("overview", "overview-paused", "events-detail", "confirm-replay", "blocked-keys")
 
 
 async def shoot(scene: str, out: Path, size: tuple[int, int], name: str) -> Path:

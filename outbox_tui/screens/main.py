@@ -5,9 +5,11 @@ dispatch switch (``dispatch_switch``) are the parts it combines; its key binding
 come from the action table (``outbox_tui.actions``).
 
 Data flow: a timer starts an exclusive ``poll`` worker; the worker asks
-``OutboxInsights`` and posts ``PollSucceeded`` / ``PollFailed``; the handlers
-update the widgets. The next poll is scheduled only after the previous one
-finished, so polls never overlap, and polling pauses while a dialog is open.
+``OutboxInsights`` (the overview, the top types, the page) and ``engine.operations``
+(the active pauses) and posts ``PollSucceeded`` / ``PollFailed``; the handlers
+update the widgets, and add the snapshot to the ``Trends`` ring the overview draws.
+The next poll is scheduled only after the previous one finished, so polls never
+overlap, and polling pauses while a dialog is open.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ from textual.worker import Worker, WorkerState
 
 from engine.errors import OutboxError
 from engine.insights import EventPage, OverviewSnapshot
+from engine.operations import paused_backlog
 from engine.schema import DEAD_LETTER, PUBLISHED
+from engine.trends import Sample, Trends
 from outbox_tui.actions import bindings
 from outbox_tui.messages import (
     ActionFailed,
@@ -46,6 +50,7 @@ from outbox_tui.widgets.event_table import EventTable
 from outbox_tui.widgets.format import one_line, timestamp
 from outbox_tui.widgets.overview import OverviewPanel
 from outbox_tui.widgets.status_bar import StatusBar
+from outbox_tui.widgets.trend import TrendView
 
 if TYPE_CHECKING:
     pass
@@ -63,6 +68,8 @@ from outbox_tui.screens.dispatch_switch import DispatchSwitch
 from outbox_tui.screens.incident_actions import IncidentActions
 
 THROUGHPUT_POINTS = 60
+TREND_SAMPLES = 120  # two minutes at the default refresh of one second
+TOP_TYPES = 5
 
 
 class MainScreen(EventBrowser, DeadLetterActions, DispatchSwitch, IncidentActions):
@@ -88,6 +95,8 @@ class MainScreen(EventBrowser, DeadLetterActions, DispatchSwitch, IncidentAction
         self.failures = 0  # consecutive failed polls
         self.last_snapshot: OverviewSnapshot | None = None
         self.throughput: deque[int] = deque(maxlen=THROUGHPUT_POINTS)
+        self.trends = Trends(TREND_SAMPLES)
+        self.trend: TrendView | None = None  # the last one drawn (tests read its verdict)
         self._last_published: int | None = None
         self._generation = 0
         self._poll_timer: Timer | None = None
@@ -162,13 +171,17 @@ class MainScreen(EventBrowser, DeadLetterActions, DispatchSwitch, IncidentAction
         try:
             async with asyncio.timeout(timeout):
                 snapshot = await db(insights.overview())
+                pauses = await db(paused_backlog(self.console_app.engine))
+                top = await db(insights.top_types(limit=TOP_TYPES))
                 page = await self._fetch(view)
         except TimeoutError:
             self.post_message(PollFailed(f"the database did not answer within {timeout:g}s"))
         except OutboxError as exc:
             self.post_message(PollFailed(one_line(exc)))
         else:
-            self.post_message(PollSucceeded(snapshot, page, generation))
+            self.post_message(
+                PollSucceeded(snapshot, page, generation, pauses=pauses, top_types=top)
+            )
         self._schedule_poll()
 
     async def _fetch(self, view: ViewState) -> ViewPage:
@@ -202,7 +215,21 @@ class MainScreen(EventBrowser, DeadLetterActions, DispatchSwitch, IncidentAction
             self.throughput.append(max(0, published - self._last_published))
         self._last_published = published
         self.last_snapshot = snap
-        self.query_one(OverviewPanel).show(snap, list(self.throughput))
+        self.trends.add(Sample.from_overview(snap))
+        whole = {p.pause.event_type for p in message.pauses if p.pause.tenant_id is None}
+        held = sum(  # a tenant's pause inside a whole type's pause holds nothing more
+            p.waiting
+            for p in message.pauses
+            if p.pause.tenant_id is None or p.pause.event_type not in whole
+        )
+        self.trend = TrendView.of(self.trends, held_by_pauses=held)
+        self.query_one(OverviewPanel).show(
+            snap,
+            list(self.throughput),
+            trend=self.trend,
+            pauses=message.pauses,
+            top_types=message.top_types,
+        )
         self.query_one(DispatchersPanel).show(snap.heartbeats, snap.unserved)
         if message.generation == self._generation:
             self._show_page(message.page, snap.taken_at)

@@ -1,4 +1,9 @@
-"""The overview band: counts by status, blocked keys, ages against thresholds, and throughput."""
+"""The overview band: counts by status, blocked keys, ages against thresholds, throughput,
+the trend and its verdict, the active pauses, and the types with the most undelivered events.
+
+Narrow or short terminals get the trend and the top types as one line each; wide, tall
+ones get them as boxes (``#overview-more``). The pauses show only while there are some.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +15,12 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Static
 
-from engine.insights import OverviewSnapshot
+from engine.insights import OverviewSnapshot, TypeCounts
+from engine.operations.incidents import PausedBacklog
 from outbox_tui.widgets.format import RICH_STATUS_STYLES, compact, count, duration, fitted
-from outbox_tui.widgets.trend import TrendLine
+from outbox_tui.widgets.pauses import PausesLine
+from outbox_tui.widgets.top_types import TopTypesLine, TopTypesPanel
+from outbox_tui.widgets.trend import TrendLine, TrendsPanel, TrendView
 
 # (status, label, the label where that does not fit)
 TILES = (
@@ -144,27 +152,50 @@ class HealthLine(Static):
         return self.variants[-1]
 
 
-class OverviewPanel(Horizontal):
-    """Counts, health line and the throughput sparkline, fed one snapshot at a time."""
+class OverviewPanel(Vertical):
+    """Counts, health, throughput, trend, pauses and top types, fed once per refresh."""
 
     def __init__(self, thresholds: AgeThresholds, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.thresholds = thresholds
 
     def compose(self) -> ComposeResult:
-        with Vertical(id="counts"):
-            with Horizontal(id="tiles"):
-                for status, label, short in TILES:
-                    yield CountTile(status, label, short)
-                yield CountTile(BLOCKED_TILE, "blocked keys", "blocked")
-            yield HealthLine("waiting for the first refresh…", id="health")
-            yield TrendLine(id="trend")  # the trend verdict's slot: hidden until fed
-        with Vertical(id="throughput") as box:
-            box.border_title = "published per refresh"
-            yield Static(sparkline([], 34), id="sparkline")
-            yield Static("", id="throughput-summary")
+        with Horizontal(id="overview-top"):
+            with Vertical(id="counts"):
+                with Horizontal(id="tiles"):
+                    for status, label, short in TILES:
+                        yield CountTile(status, label, short)
+                    yield CountTile(BLOCKED_TILE, "blocked keys", "blocked")
+                yield HealthLine("waiting for the first refresh…", id="health")
+                yield TrendLine(id="trend")  # narrow or short: the verdict in one line
+            with Vertical(id="throughput") as box:
+                box.border_title = "published per refresh"
+                yield Static(sparkline([], 34), id="sparkline")
+                yield Static("", id="throughput-summary")
+        yield PausesLine(id="pauses")
+        yield TopTypesLine(id="top-types-line")
+        with Horizontal(id="overview-more"):  # wide and tall: the trend and top types boxed
+            yield TrendsPanel(id="trends")
+            yield TopTypesPanel(id="top-types")
 
-    def show(self, snap: OverviewSnapshot, throughput: Sequence[int]) -> None:
+    def show(
+        self,
+        snap: OverviewSnapshot,
+        throughput: Sequence[int],
+        *,
+        trend: TrendView | None = None,
+        pauses: Sequence[PausedBacklog] = (),
+        top_types: Sequence[TypeCounts] = (),
+    ) -> None:
+        if trend is not None:
+            self.query_one(TrendLine).show(trend)
+            self.query_one(TrendsPanel).show(trend)
+        self.query_one(PausesLine).show(pauses, snap.taken_at)
+        self.query_one(TopTypesLine).show(top_types)
+        self.query_one(TopTypesPanel).show(top_types)
+        self._show_counts(snap, throughput)
+
+    def _show_counts(self, snap: OverviewSnapshot, throughput: Sequence[int]) -> None:
         for status, _label, _short in TILES:
             extra = ""
             if status == "published":

@@ -9,6 +9,7 @@ import pytest
 from textual.pilot import Pilot
 
 from engine import OutboxDispatcher, create_engine, create_schema
+from engine.clock import Clock
 from engine.insights import OutboxInsights
 from engine.registry import EventRegistry
 from engine.settings import DispatcherSettings
@@ -66,12 +67,18 @@ async def sqlite_seeded(sqlite_url: str, orders_registry: EventRegistry) -> str:
 
 
 def console(
-    url: str, registry: EventRegistry, *, refresh_seconds: float = 30.0, **config: object
+    url: str,
+    registry: EventRegistry,
+    *,
+    refresh_seconds: float = 30.0,
+    clock: Clock | None = None,
+    **config: object,
 ) -> OutboxConsole:
     """The real app from the real factory; polls only when asked unless ``refresh_seconds``."""
     return make_app(
         ConsoleConfig(url, refresh_seconds=refresh_seconds, **config),  # type: ignore[arg-type]
         registry=registry,
+        clock=clock,
         dispatch_settings=FAST_DISPATCH,
         instance_id="console:test",
         operator="tester",

@@ -31,6 +31,7 @@ from textual.pilot import Pilot
 from engine import BackoffPolicy, OutboxDispatcher, create_engine, create_schema, replay_dead_letter
 from engine.heartbeat import Heartbeat
 from engine.insights import EventSummary
+from engine.pauses import pause
 from engine.registry import EventRegistry
 from engine.schema import DEAD_LETTER, outbox_events
 from engine.settings import DispatcherSettings
@@ -281,6 +282,35 @@ async def scene_overview(pilot: Pilot[object], clock: FixedClock) -> None:
     await warm_up(pilot, clock)
 
 
+async def scene_overview_paused(pilot: Pilot[object], clock: FixedClock) -> None:
+    """A vendor outage: orders.placed paused for every tenant two minutes ago, the
+    cancellations of one tenant just now; a few quiet refreshes later the trend says
+    what the pauses hold back."""
+    await warm_up(pilot, clock, refreshes=12)
+    engine = create_engine(SHOWCASE_URL)
+    try:
+        await pause(
+            engine,
+            "orders.placed",
+            reason="warehouse API down (INC-4230)",
+            operator="alice",
+            now=clock() - timedelta(minutes=2),
+        )
+        await pause(
+            engine,
+            "orders.cancelled",
+            "acme",
+            reason="acme migrating their ledger",
+            operator="bob",
+            now=clock() - timedelta(seconds=40),
+        )
+    finally:
+        await engine.dispose()
+    for _ in range(3):
+        clock.advance(2)
+        await _refreshed(pilot)
+
+
 async def scene_event_detail(pilot: Pilot[object], clock: FixedClock) -> None:
     await warm_up(pilot, clock, refreshes=6)
     await _detail_of(pilot, lambda e: e.status == "failed")
@@ -351,6 +381,7 @@ async def scene_palette(pilot: Pilot[object], clock: FixedClock) -> None:
 
 SCENES: dict[str, Callable[[Pilot[object], FixedClock], Awaitable[None]]] = {
     "overview": scene_overview,
+    "overview-paused": scene_overview_paused,
     "events-detail": scene_event_detail,
     "dead-letters": scene_dead_letters,
     "confirm-replay": scene_confirm_replay,
