@@ -69,6 +69,20 @@ def test_configuration_is_checked() -> None:
         RabbitMqOutboxPublisher("amqp://h/", confirm_timeout=0)
 
 
+def test_the_probe_intervals_are_settings(monkeypatch) -> None:
+    from engine.settings import load_settings
+
+    assert (load_settings().amqp_probe_seconds, load_settings().amqp_max_probe_seconds) == (1, 30)
+    monkeypatch.setenv("OUTBOX_AMQP_PROBE_SECONDS", "0.2")
+    monkeypatch.setenv("OUTBOX_AMQP_MAX_PROBE_SECONDS", "0.5")
+    assert (load_settings().amqp_probe_seconds, load_settings().amqp_max_probe_seconds) == (
+        0.2,
+        0.5,
+    )
+    with pytest.raises(ConfigurationError, match="--amqp-max-probe-seconds must be at least"):
+        load_settings(amqp_probe_seconds=1.0)
+
+
 async def test_connect_to_an_unreachable_broker_raises_a_masked_engine_error(caplog) -> None:
     caplog.set_level(logging.DEBUG)
     port = closed_port()
