@@ -211,7 +211,8 @@ async def test_broker_outage_loses_nothing_spends_no_attempts_and_drains(
                 command=COMMAND,
                 soak=soak,
                 notes=[
-                    f"RabbitMQ stopped (stop_app) mid-run for {down_for:.1f} s; backlog "
+                    f"RabbitMQ stopped (stop_app) mid-run, away {down_for:.1f} s from "
+                    f"stop_app's return to start_app's; backlog "
                     f"{backlog}, {len(lane.ids) - backlog} more written during the run "
                     "by the producer; "
                     f"{summary['failed']} publish(es) in flight at the cut failed and were "
