@@ -243,6 +243,23 @@ class OutboxSettings(BaseSettings):
     exchange: Annotated[
         str, Field(min_length=1, description=f"RabbitMQ exchange (default {DEFAULT_EXCHANGE})")
     ] = DEFAULT_EXCHANGE
+    # The relay's circuit breaker (engine.relay.rabbitmq).
+    amqp_probe_seconds: Annotated[
+        float,
+        Field(
+            ge=0,
+            le=_HOUR,
+            description="first wait between probes of a broker found away (default 1)",
+        ),
+    ] = 1.0
+    amqp_max_probe_seconds: Annotated[
+        float,
+        Field(
+            ge=0,
+            le=_HOUR,
+            description="longest wait between probes; each failed probe doubles it (default 30)",
+        ),
+    ] = 30.0
     # None: WARNING, or INFO for the dispatcher loop.
     log_level: Annotated[
         LogLevel | None,
@@ -271,6 +288,16 @@ class OutboxSettings(BaseSettings):
     @classmethod
     def _empty_is_none(cls, value: Any) -> Any:
         return None if value == "" else value
+
+    @model_validator(mode="after")
+    def _probes(self) -> OutboxSettings:
+        if self.amqp_max_probe_seconds < self.amqp_probe_seconds:
+            raise _conflict(
+                "amqp_max_probe_seconds",
+                self.amqp_max_probe_seconds,
+                f"at least amqp_probe_seconds ({self.amqp_probe_seconds:g})",
+            )
+        return self
 
 
 _SECTIONS: dict[str, type[BaseModel]] = {

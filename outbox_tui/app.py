@@ -43,6 +43,8 @@ class ConsoleConfig:
     installed_apps: tuple[str, ...] = ()
     amqp_url: str | None = None
     exchange: str | None = None
+    amqp_probe_seconds: float = 1.0  # the relay's circuit breaker (engine.settings)
+    amqp_max_probe_seconds: float = 30.0
     refresh_seconds: float = 1.0
     page_size: int = 100
     autostart_dispatch: bool = False
@@ -183,6 +185,8 @@ def make_app(
         database_url=config.database_url,
         amqp_url=config.amqp_url,
         exchange=config.exchange or DEFAULT_EXCHANGE,
+        amqp_probe_seconds=config.amqp_probe_seconds,
+        amqp_max_probe_seconds=config.amqp_max_probe_seconds,
         log_level=None,
         console=ConsoleSettings(refresh_seconds=config.refresh_seconds, page_size=config.page_size),
         dispatcher=dispatch_settings,

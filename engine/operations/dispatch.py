@@ -77,7 +77,12 @@ async def open_dispatcher(
             from engine.relay.rabbitmq import RabbitMqOutboxPublisher
 
             publisher = await stack.enter_async_context(
-                RabbitMqOutboxPublisher(settings.amqp_url, exchange=settings.exchange)
+                RabbitMqOutboxPublisher(
+                    settings.amqp_url,
+                    exchange=settings.exchange,
+                    probe_interval=settings.amqp_probe_seconds,
+                    max_probe_interval=settings.amqp_max_probe_seconds,
+                )
             )
         yield build_dispatcher(
             engine,

@@ -10,20 +10,24 @@ several times faster than one by one. A round makes at most two calls: the
 first attempts together, then the retries together; a round of retries only
 sends the retry with the most attempts left alone first.
 
-Outages: when the broker is unreachable or the connection drops, the events of
-the failing call are failed with ``broker unavailable: ...`` so the
-dispatcher's backoff applies, and the later call of the round is reported
-*unattempted*: those rows go back without spending an attempt. The first call
-doubles as the probe (first attempts when the round has any, else the one
-retry with the most attempts left), so an outage found at the start of a round
-spends no retry's attempt but that one; retries close to their limit are held
-back, so an outage does not fill the dead letter. A failed confirm
-may still have reached the broker: delivery is at-least-once and consumers
-dedupe by ``message_id`` (the event id).
+Outages: only a publish that may have reached the broker spends an attempt.
+When nothing was sent (the connect failed or was refused, or the channel was
+already dead when the publish reached it: ``ChannelInvalidStateError``, raised
+before any frame is written), those events are reported *unattempted* and go
+back without spending an attempt, however small their budget. When the
+connection drops while publishes are out (sent, confirm outstanding), those
+events are failed with ``broker unavailable: ...`` so the dispatcher's backoff
+applies, and the later call of the round is reported unattempted. The first
+call doubles as the probe (first attempts when the round has any, else the one
+retry with the most attempts left), so an outage that strikes mid-call spends
+no retry's attempt but that one; retries close to their limit are held back, so
+an outage does not fill the dead letter. A failed confirm may still have
+reached the broker: delivery is at-least-once and consumers dedupe by
+``message_id`` (the event id).
 
 Circuit breaker: once a call found the broker away, ``ready()`` answers False
 until the next probe is due, and the dispatcher claims nothing meanwhile: an
-outage spends the attempts of the one call that found it, and no more, and the
+outage spends at most the attempts of the publishes it caught in flight, and the
 backlog is not claimed and handed back every round. A probe is a connect
 attempt, after ``probe_interval`` seconds, doubling after each failed probe up to
 ``max_probe_interval``; the first probe that connects closes the circuit.
@@ -79,7 +83,15 @@ UNAVAILABLE = "broker unavailable"
 
 
 class _Outage(Exception):
-    """Internal: the broker went away during a call (carries the error text)."""
+    """Internal: the broker went away during a call (carries the error text).
+
+    ``sent``: whether any publish of the call may have reached the broker; when
+    False (the connect failed), the whole call goes back unattempted.
+    """
+
+    def __init__(self, error: str, *, sent: bool) -> None:
+        super().__init__(error)
+        self.sent = sent
 
 
 class _NotConfirmed(Exception):
@@ -239,39 +251,56 @@ class RabbitMqOutboxPublisher:
             except _Outage as outage:
                 error = str(outage)
                 for envelope in call:
-                    if envelope.event_id not in result.published:
+                    done = envelope.event_id in result.published or (
+                        envelope.event_id in result.unattempted
+                    )
+                    if done:
+                        continue
+                    if outage.sent:
                         result.failed.setdefault(envelope.event_id, error)
+                    else:  # nothing reached the broker: no attempt spent
+                        result.unattempted.add(envelope.event_id)
                 left = [e.event_id for rest in calls[index + 1 :] for e in rest]
                 result.unattempted.update(left)
                 failed = sum(e.event_id in result.failed for e in call)
-                self._report_outage(error, failed, len(left))
+                self._report_outage(error, failed, len(result.unattempted))
                 break
         return result
 
     # -- one call -------------------------------------------------------------------------
 
     async def _publish_call(self, call: list[EventEnvelope], result: ExternalPublishResult) -> None:
-        """Publish ``call`` concurrently; raise ``_Outage`` if the broker went away."""
+        """Publish ``call`` concurrently; raise ``_Outage`` if the broker went away.
+
+        An event whose publish never left this process (the channel was closed
+        when it got there) goes to ``result.unattempted``, not ``failed``.
+        """
         try:
             async with self._lock:
                 exchange = await self._ensure_connected()
         except BrokerUnavailableError as exc:
-            raise _Outage(f"{UNAVAILABLE}: {exc}") from None
+            raise _Outage(f"{UNAVAILABLE}: {exc}", sent=False) from None
         outcomes = await asyncio.gather(
             *(self._publish_one(exchange, e) for e in call), return_exceptions=True
         )
         outage: str | None = None
+        sent = False
         for envelope, outcome in zip(call, outcomes, strict=True):
             if outcome is None:
                 result.published.add(envelope.event_id)
+                sent = True
                 continue
             error, is_outage = self._describe(outcome, envelope)
-            result.failed[envelope.event_id] = error
+            if isinstance(outcome, ChannelInvalidStateError):
+                result.unattempted.add(envelope.event_id)  # raised before any frame went out
+            else:
+                result.failed[envelope.event_id] = error
+                sent = True
             if is_outage and outage is None:
                 outage = error
         if outage is not None:
             self._broken = True
-            raise _Outage(outage)
+            raise _Outage(outage, sent=sent)
 
     async def _publish_one(self, exchange: AbstractExchange, envelope: EventEnvelope) -> None:
         """Publish one event; returns when confirmed, raises otherwise."""
@@ -403,7 +432,8 @@ class RabbitMqOutboxPublisher:
         self._next_probe = time.monotonic() + self._probe_delay
         log.log(
             level,
-            "%s; %d event(s) failed (retried with backoff), %d handed back unattempted",
+            "%s; %d event(s) failed (retried with backoff), %d handed back unattempted "
+            "(no attempt spent)",
             error,
             failed,
             left,

@@ -31,7 +31,7 @@ from outbox_tui.output import Output
 
 # Settings every command takes; the others belong to the commands that use them.
 COMMON_SETTINGS = ("database_url", "log_level")
-BROKER_SETTINGS = ("amqp_url", "exchange")
+BROKER_SETTINGS = ("amqp_url", "exchange", "amqp_probe_seconds", "amqp_max_probe_seconds")
 
 
 class Parser(argparse.ArgumentParser):

@@ -69,6 +69,20 @@ def test_configuration_is_checked() -> None:
         RabbitMqOutboxPublisher("amqp://h/", confirm_timeout=0)
 
 
+def test_the_probe_intervals_are_settings(monkeypatch) -> None:
+    from engine.settings import load_settings
+
+    assert (load_settings().amqp_probe_seconds, load_settings().amqp_max_probe_seconds) == (1, 30)
+    monkeypatch.setenv("OUTBOX_AMQP_PROBE_SECONDS", "0.2")
+    monkeypatch.setenv("OUTBOX_AMQP_MAX_PROBE_SECONDS", "0.5")
+    assert (load_settings().amqp_probe_seconds, load_settings().amqp_max_probe_seconds) == (
+        0.2,
+        0.5,
+    )
+    with pytest.raises(ConfigurationError, match="--amqp-max-probe-seconds must be at least"):
+        load_settings(amqp_probe_seconds=1.0)
+
+
 async def test_connect_to_an_unreachable_broker_raises_a_masked_engine_error(caplog) -> None:
     caplog.set_level(logging.DEBUG)
     port = closed_port()
@@ -91,15 +105,15 @@ async def test_publish_never_raises_for_an_unreachable_broker(caplog) -> None:
     last_try = envelope(attempt=3, max_attempts=3)
     budget = envelope(attempt=2, max_attempts=10)
     result = await publisher.publish([*firsts, last_try, budget])  # never connected: lazy
-    assert result.published == set()
-    assert set(result.failed) == {e.event_id for e in firsts}  # the failing call: the batch
-    assert all(err.startswith("broker unavailable: cannot reach") for err in result.failed.values())
-    assert result.unattempted == {last_try.event_id, budget.event_id}
+    # Nothing was sent (the connect failed): every event goes back, no attempt spent.
+    assert result.published == set() and result.failed == {}
+    assert result.unattempted == {e.event_id for e in [*firsts, last_try, budget]}
+    assert publisher.waiting_reason is not None
+    assert publisher.waiting_reason.startswith("broker unavailable: cannot reach")
 
-    # Retries only: the probe is the retry with the most attempts left, never the last try.
+    # Retries only: the same, even for the last try.
     result = await publisher.publish([last_try, budget])
-    assert set(result.failed) == {budget.event_id}
-    assert result.unattempted == {last_try.event_id}
+    assert result.failed == {} and result.unattempted == {last_try.event_id, budget.event_id}
 
     warnings = [r for r in caplog.records if r.name == "engine.relay.rabbitmq"]
     assert [r.levelno for r in warnings if r.levelno >= logging.WARNING] == [logging.WARNING]
@@ -108,6 +122,47 @@ async def test_publish_never_raises_for_an_unreachable_broker(caplog) -> None:
     await publisher.close()
     with pytest.raises(OutboxError, match="closed"):
         await publisher.publish(firsts)
+
+
+class _Exchange:
+    """Stands in for a live exchange whose publishes fail as given, per event id."""
+
+    def __init__(self, errors: dict[str, BaseException]) -> None:
+        self.errors = errors
+
+    async def publish(self, message, **kwargs):
+        raise self.errors[message.message_id]
+
+
+async def test_a_channel_found_closed_before_the_publish_spends_no_attempt() -> None:
+    """ChannelInvalidStateError is raised before any frame is written: nothing was sent."""
+    from aiormq.exceptions import ChannelInvalidStateError, ConnectionClosed
+
+    publisher = RabbitMqOutboxPublisher(f"amqp://relay:pw@127.0.0.1:{closed_port()}/")
+    first, retry = envelope(), envelope(attempt=2, max_attempts=2)
+    exchange = _Exchange({first.event_id: ChannelInvalidStateError("<Channel> closed")})
+
+    async def connected():
+        return exchange
+
+    publisher._ensure_connected = connected  # type: ignore[method-assign]
+    result = await publisher.publish([first, retry])
+    assert result.published == set() and result.failed == {}
+    assert result.unattempted == {first.event_id, retry.event_id}  # the retry's last try kept
+    assert publisher.waiting_reason is not None
+    assert publisher.waiting_reason.startswith("broker unavailable: ")
+
+    # In flight when the connection went: that publish may have reached the broker.
+    sent, unsent = envelope(), envelope()
+    exchange.errors = {
+        sent.event_id: ConnectionClosed(320, "CONNECTION_FORCED"),
+        unsent.event_id: ChannelInvalidStateError("<Channel> closed"),
+    }
+    result = await publisher.publish([sent, unsent])
+    assert list(result.failed) == [sent.event_id]
+    assert result.failed[sent.event_id].startswith("broker unavailable: ")
+    assert result.unattempted == {unsent.event_id}
+    await publisher.close()
 
 
 # -- with the broker ----------------------------------------------------------------------------
@@ -303,21 +358,21 @@ async def test_an_outage_spends_one_call_and_then_claims_nothing_until_the_broke
         db, registry, clock=clock, external_publisher=relay, backoff=ONE_SECOND
     )
 
-    # Round 1 finds the outage: its call fails (one attempt each), backoff starts.
-    assert await dispatcher.dispatch_once() == DispatchResult(claimed=6, failed=6)
+    # Round 1 finds the outage: the connect fails, nothing was sent, so the call goes back
+    # unattempted (no attempt spent) and the circuit opens.
+    assert await dispatcher.dispatch_once() == DispatchResult(claimed=6)
+    assert dispatcher.waiting_for is not None
+    assert dispatcher.waiting_for.startswith(
+        f"broker unavailable: cannot reach RabbitMQ at {mask_url(topology.url)}: "
+    )
     fresh = await add_events(db, registry, 3, max_attempts=2, prefix="b")
     for _ in range(4):  # later rounds: probes fail, nothing is claimed or spent
         await asyncio.sleep(0.06)
         clock.advance(1)
         assert await dispatcher.dispatch_once() == DispatchResult()
     stored = {r["id"]: r for r in await rows(db)}
-    assert [stored[i]["attempt_count"] for i in last_chance] == [1, 1, 1, 1]
-    assert [stored[i]["attempt_count"] for i in roomy] == [1, 1]
-    assert [stored[i]["attempt_count"] for i in fresh] == [0, 0, 0]
-    assert statuses(list(stored.values())) == Counter({"failed": 6, "pending": 3})
-    assert stored[roomy[0]]["last_error"].startswith(
-        f"broker unavailable: cannot reach RabbitMQ at {mask_url(topology.url)}: "
-    )
+    assert [stored[i]["attempt_count"] for i in [*last_chance, *roomy, *fresh]] == [0] * 9
+    assert statuses(list(stored.values())) == Counter({"pending": 9})
 
     await broker.start()
     deadline = time.monotonic() + 30
@@ -329,6 +384,48 @@ async def test_an_outage_spends_one_call_and_then_claims_nothing_until_the_broke
         await asyncio.sleep(0.05)
     ids = {*last_chance, *roomy, *fresh}
     assert {m.message_id for m in await topology.drain(ids)} == ids
+
+
+@pytest.mark.rabbitmq
+async def test_an_outage_found_before_anything_is_sent_spends_no_attempt(
+    db, registry, clock, topology, broker: BrokerControl, relay
+):
+    """Defect 2 (issue 9): the call that discovers the outage spends no attempt either.
+
+    With one attempt each, a failed call would dead-letter every event; nothing was
+    sent (the connect failed), so none is, and the rows stay pending with no attempt
+    spent while the circuit is open. Once the broker is back, everything is delivered.
+    """
+    await topology.bind()
+    await broker.stop()
+    ids = await add_events(db, registry, 5, max_attempts=1)
+    dispatcher = OutboxDispatcher(
+        db, registry, clock=clock, external_publisher=relay, backoff=ONE_SECOND
+    )
+    assert await dispatcher.dispatch_once() == DispatchResult(claimed=5)
+    assert relay.waiting_reason is not None  # the circuit is open
+    for _ in range(3):
+        await asyncio.sleep(0.06)
+        clock.advance(1)
+        assert await dispatcher.dispatch_once() == DispatchResult()
+    stored = await rows(db)
+    assert statuses(stored) == Counter({"pending": 5})
+    assert [r["attempt_count"] for r in stored] == [0] * 5
+    assert all(r["last_error"] is None for r in stored)
+
+    await broker.start()
+    deadline = time.monotonic() + 30
+    total = DispatchResult()
+    while total.published < 5:
+        assert time.monotonic() < deadline, total
+        clock.advance(1)
+        total += await dispatcher.dispatch_once()
+        await asyncio.sleep(0.05)
+    assert total.dead_lettered == 0 and total.failed == 0
+    stored = await rows(db)
+    assert statuses(stored) == Counter({"published": 5})
+    assert [r["attempt_count"] for r in stored] == [1] * 5  # the one publish that was sent
+    assert {m.message_id for m in await topology.drain(set(ids))} == set(ids)
 
 
 async def test_the_circuit_probes_a_broker_found_away_at_a_growing_interval(caplog) -> None:
@@ -364,10 +461,11 @@ async def test_the_same_publisher_reconnects_after_the_broker_returns(
 
     await broker.stop()
     result = await relay.publish([during, retry])  # does not raise
-    assert result.published == set()
-    assert list(result.failed) == [during.event_id]
-    assert result.failed[during.event_id].startswith("broker unavailable: ")
-    assert result.unattempted == {retry.event_id}
+    # The dead connection is found before anything is sent: both go back unattempted.
+    assert result.published == set() and result.failed == {}
+    assert result.unattempted == {during.event_id, retry.event_id}
+    assert relay.waiting_reason is not None
+    assert relay.waiting_reason.startswith("broker unavailable: ")
     assert not relay.is_connected
 
     await broker.start()
