@@ -88,6 +88,7 @@ AGGREGATES = ("a", "b", "c")
 HARNESS = ("d1", "d2")  # dispatchers made of store calls: their completions may be late
 REAL = "d3"  # the real OutboxDispatcher
 MAX_ROWS = 12
+SOAK_EXAMPLES = 250  # x 60 steps: minutes per database, against 25 x 30 in CI
 FATES = ("ok", "transient", "permanent")
 ACTIVE = (PENDING, PUBLISHING, FAILED)
 
@@ -719,8 +720,8 @@ class OutboxMachine(RuleBasedStateMachine):
 
 def _settings(soak: bool) -> settings:
     return settings(
-        max_examples=400 if soak else 25,
-        stateful_step_count=80 if soak else 30,
+        max_examples=SOAK_EXAMPLES if soak else 25,
+        stateful_step_count=60 if soak else 30,
         deadline=None,
         derandomize=not soak,  # CI: the same examples every run; soak: new ones each time
         database=None,
@@ -748,7 +749,7 @@ async def test_outbox_state_machine(machine_url: tuple[str, str], soak: bool) ->
         run_state_machine_as_test, lambda: OutboxMachine(url, stats), settings=_settings(soak)
     )
     stats.seconds = time.monotonic() - started
-    assert stats.examples >= (400 if soak else 25)
+    assert stats.examples >= (SOAK_EXAMPLES if soak else 25)
     assert stats.refused > 0, "no late completion was tried: the machine explores too little"
     assert stats.real_rounds > 0 and stats.replays > 0 and stats.skips > 0
     size = "--soak" if soak else ""
