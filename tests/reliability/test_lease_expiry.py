@@ -48,8 +48,11 @@ EVENTS = 30
 LEASE_SECONDS = 2
 
 
-async def seed_counting(url: str, payloads: list[dict[str, float]]) -> None:
-    """Schema, commit log, and one counting_app event per payload, in this order (seq)."""
+async def seed_counting(
+    url: str, payloads: list[dict[str, float]], *, commit_log: bool = True
+) -> None:
+    """Schema, commit log (unless installed already), and one counting_app event per
+    payload, in this order (seq)."""
     engine = create_engine(url)
     registry = EventRegistry()
     counting_app.register(registry)
@@ -65,7 +68,8 @@ async def seed_counting(url: str, payloads: list[dict[str, float]]) -> None:
                 await OutboxEventPublisher(session).publish_many(drafts[start : start + 50])
     finally:
         await engine.dispose()
-    await install_commit_log(url)
+    if commit_log:
+        await install_commit_log(url)
 
 
 async def until(condition: Callable[[], Awaitable[bool]], what: str, within: float = 60) -> None:
