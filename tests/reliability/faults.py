@@ -15,7 +15,7 @@ import json
 import signal
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +52,7 @@ class Dispatcher:
     out: Path
     err: Path
     killed_at: int | None = None
-    _lines: list[dict[str, Any]] = field(default_factory=list)
+    _started: bool = False
 
     @property
     def pid(self) -> str:
@@ -69,7 +69,12 @@ class Dispatcher:
         return lines
 
     def started(self) -> bool:
-        return any(line.get("event") == "started" for line in self.lines())
+        """Whether its first line, ``started``, is out (read once per poll, cheaply)."""
+        if not self._started:
+            with self.out.open() as out:
+                first = out.readline()
+            self._started = first.endswith("\n") and '"event": "started"' in first
+        return self._started
 
     def summary(self) -> dict[str, Any] | None:
         return next((line for line in self.lines() if line.get("event") == "summary"), None)

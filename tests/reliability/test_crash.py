@@ -228,9 +228,13 @@ async def test_sigkilled_dispatchers_lose_nothing_and_keep_key_order(
             assert pid in killed_at, f"{event_id}: called again after a clean run in {pid}"
             cut_off[pid] += 1
     repeats = sum(cut_off.values())
-    assert repeats <= kills, (repeats, kills)  # small: about one per kill at most
-    # One process cannot cut off more calls than it had handlers in flight.
+    # Each repeat needs a claim a kill cut off, and one process had at most a batch.
+    assert repeats <= cut_claims
     assert max(cut_off.values(), default=0) <= BATCH_SIZE
+    # Small: on PostgreSQL about one per kill at most. On SQLite the record waits for the
+    # database-wide write lock after the call, so the window is wider (issue 9, defect 5).
+    per_kill = 1 if database_url.startswith("postgresql") else 3
+    assert repeats <= per_kill * kills, (repeats, kills)
     refused = sum(d.refused() for d in dispatchers)
 
     record(
