@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -11,6 +12,9 @@ from engine.errors import OutboxError
 from engine.idempotency import SUCCEEDED, SideEffectKey
 
 T = TypeVar("T")
+
+# Success records still being written for handlers cancelled meanwhile (kept referenced).
+_recording: set[asyncio.Future[None]] = set()
 
 
 async def run_event_side_effect(
@@ -28,7 +32,9 @@ async def run_event_side_effect(
 
     This does not replace the external system's own idempotency key: if the
     process dies between the call and the record, the call happens again. Pass
-    ``envelope.event_id`` to the external system as well.
+    ``envelope.event_id`` to the external system as well. A handler cancelled in
+    that window (its timeout, a shutdown) still writes the record before the
+    cancellation goes on.
     """
     invocation = current_handler()
     if invocation is None:
@@ -56,5 +62,17 @@ async def run_event_side_effect(
             key, succeeded=False, request=request_payload, error=f"{type(exc).__name__}: {exc}"
         )
         raise
-    await store.record_side_effect(key, succeeded=True, request=request_payload, response=result)
+    # The call has happened: from here on only a dead process may lose its record. A
+    # handler cancelled now (its timeout while the record waits, on SQLite, for the write
+    # lock; a shutdown) still writes it, so the retry answers from it instead of calling.
+    record = asyncio.ensure_future(
+        store.record_side_effect(key, succeeded=True, request=request_payload, response=result)
+    )
+    _recording.add(record)
+    record.add_done_callback(_recording.discard)
+    try:
+        await asyncio.shield(record)
+    except asyncio.CancelledError:
+        await asyncio.shield(record)  # finish the record, then let the cancellation go on
+        raise
     return result

@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 from sqlalchemy import func, select
@@ -91,13 +91,20 @@ class Cli:
         )
         return Result(done.returncode, done.stdout, done.stderr)
 
-    def popen(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    def popen(
+        self,
+        *args: str,
+        env: dict[str, str] | None = None,
+        stdout: IO[str] | int = subprocess.PIPE,
+        stderr: IO[str] | int = subprocess.PIPE,
+    ) -> subprocess.Popen[str]:
+        """Start the CLI; ``stdout``/``stderr`` may be files for long runs (a pipe fills up)."""
         return subprocess.Popen(
             self.command(*args),
             cwd=self.cwd,
             env=cli_env(**(env or {})),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stdout=stdout,
+            stderr=stderr,
             text=True,
         )
 

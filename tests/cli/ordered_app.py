@@ -5,6 +5,10 @@ Each event's payload says its fate: ``fail`` transient failures before it succee
 ``start`` and ``end`` lines with the event id, the process id and CLOCK_MONOTONIC
 nanoseconds (system-wide on Linux, so lines of different processes compare) to the file
 named by ``ORDERED_APP_LOG``.
+
+With ``effect`` in the payload, the handler first makes one external call guarded by
+``run_event_side_effect`` and logs an ``effect`` line when the call itself runs (the fault
+suite compares those lines with the side-effect records to count repeated calls).
 """
 
 from __future__ import annotations
@@ -13,7 +17,12 @@ import asyncio
 import os
 import time
 
-from engine import EventEnvelope, EventHandlerPermanentError, EventRegistry
+from engine import (
+    EventEnvelope,
+    EventHandlerPermanentError,
+    EventRegistry,
+    run_event_side_effect,
+)
 
 BLOCKING = "ordered.blocking"  # ordered by aggregate; a dead letter blocks its key
 SKIPPING = "ordered.skipping"  # ordered by aggregate; a dead letter releases its key
@@ -33,6 +42,13 @@ async def handle(envelope: EventEnvelope) -> None:
     _log("start", envelope)
     try:
         await asyncio.sleep(envelope.payload["sleep_ms"] / 1000)
+        if envelope.payload.get("effect"):
+
+            def call_external_system() -> str:
+                _log("effect", envelope)
+                return envelope.event_id  # what the external system would answer
+
+            await run_event_side_effect("charge", call_external_system)
         if envelope.payload["permanent"]:
             raise EventHandlerPermanentError("fated to fail")
         if envelope.attempt_count <= envelope.payload["fail"]:

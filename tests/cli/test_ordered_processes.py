@@ -16,7 +16,9 @@ import random
 import signal
 import time
 from collections import defaultdict
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import select
@@ -40,11 +42,24 @@ EVENTS_PER_KEY = 8
 UNORDERED = 80
 
 
-def _fates(rng: random.Random) -> list[OutboxEvent]:
-    """The backlog, written in interleaved order across keys, with each event's fate."""
+def _fates(
+    rng: random.Random,
+    *,
+    keys: int = KEYS,
+    per_key: int = EVENTS_PER_KEY,
+    unordered: int = UNORDERED,
+    permanent: float = 0.04,
+    sleep_ms: tuple[int, int] = (0, 4),
+    effects: float = 0.0,
+) -> list[OutboxEvent]:
+    """The backlog, written in interleaved order across keys, with each event's fate.
+
+    ``effects``: the share of events whose handler makes a guarded external call
+    (ordered_app's ``effect``).
+    """
     drafts = []
-    slots = [(k, n) for k in range(KEYS) for n in range(EVENTS_PER_KEY)]
-    slots += [(None, n) for n in range(UNORDERED)]
+    slots = [(k, n) for k in range(keys) for n in range(per_key)]
+    slots += [(None, n) for n in range(unordered)]
     rng.shuffle(slots)
     written: dict[int, int] = defaultdict(int)
     for key, _n in slots:
@@ -56,9 +71,11 @@ def _fates(rng: random.Random) -> list[OutboxEvent]:
             written[key] += 1
         payload = {
             "fail": rng.choice([0, 0, 0, 0, 1, 2]),
-            "permanent": rng.random() < 0.04,
-            "sleep_ms": rng.randint(0, 4),
+            "permanent": rng.random() < permanent,
+            "sleep_ms": rng.randint(*sleep_ms),
         }
+        if effects:
+            payload["effect"] = rng.random() < effects
         drafts.append(OutboxEvent(event_type, payload, "agg", aggregate))
     return drafts
 
@@ -82,7 +99,15 @@ async def _rows(url: str) -> list[dict]:
     try:
         async with engine.connect() as conn:
             result = await conn.execute(
-                select(t.c.id, t.c.seq, t.c.ordering_key, t.c.status, t.c.event_type, t.c.payload)
+                select(
+                    t.c.id,
+                    t.c.seq,
+                    t.c.ordering_key,
+                    t.c.status,
+                    t.c.event_type,
+                    t.c.payload,
+                    t.c.claim_version,
+                )
             )
             return [dict(r) for r in result.mappings()]
     finally:
@@ -158,29 +183,62 @@ async def test_dispatcher_processes_keep_per_key_order_under_random_failures(
     after = {row["id"]: row for row in await _rows(database_url)}
     assert {i: r["status"] for i, r in after.items()} == expected  # nothing lost or extra
 
-    executions: dict[str, list[tuple[int, int, str]]] = defaultdict(list)  # key -> runs
+    executions, pids = _key_executions(log, after)
+    assert len(pids) == processes  # every process did work
+    _assert_key_order(executions, after)
+    assert len(executions) == KEYS
+
+
+Run = tuple[int, int, str]  # (start ns, end ns, event id) of one handler execution
+
+
+def _key_executions(
+    log: Path, after: Mapping[str, Mapping[str, Any]], killed: Mapping[str, int] | None = None
+) -> tuple[dict[str, list[Run]], set[str]]:
+    """Handler executions per ordering key from ordered_app's log, and the pids seen.
+
+    ``killed`` maps the pid of a process killed with SIGKILL to the monotonic ns when it
+    was gone: its unfinished executions end there. Any other start must have an end.
+    """
+    killed = killed or {}
+    executions: dict[str, list[Run]] = defaultdict(list)
     open_runs: dict[tuple[str, str], int] = {}
     pids = set()
     for line in log.read_text().splitlines():
         kind, event_id, pid, ns = line.split()
+        if kind == "effect":
+            continue
         pids.add(pid)
         if kind == "start":
             open_runs[(event_id, pid)] = int(ns)
-        else:
-            started = open_runs.pop((event_id, pid))
-            key = after[event_id]["ordering_key"]
-            if key is not None:
-                executions[key].append((started, int(ns), event_id))
-    assert not open_runs
-    assert len(pids) == processes  # every process did work
+            continue
+        started = open_runs.pop((event_id, pid))
+        key = after[event_id]["ordering_key"]
+        if key is not None:
+            executions[key].append((started, int(ns), event_id))
+    for (event_id, pid), started in open_runs.items():
+        assert pid in killed, f"{event_id} started in {pid} and never ended"
+        key = after[event_id]["ordering_key"]
+        if key is not None:
+            executions[key].append((started, killed[pid], event_id))
+    return executions, pids
+
+
+def _assert_key_order(
+    executions: Mapping[str, list[Run]], after: Mapping[str, Mapping[str, Any]]
+) -> None:
+    """Per key: starts follow write order (seq), no two executions overlap, and an event
+    starts only once every earlier event of its key is published or dead-lettered."""
+    by_key: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for row in after.values():
+        if row["ordering_key"] is not None:
+            by_key[row["ordering_key"]].append(row)
     for key, runs in executions.items():
         runs.sort()
         seqs = [after[event_id]["seq"] for _start, _end, event_id in runs]
         assert seqs == sorted(seqs), f"{key}: started out of write order"
         for (_s1, end1, id1), (start2, _e2, id2) in itertools.pairwise(runs):
             assert end1 <= start2, f"{key}: {id1} and {id2} ran at the same time"
-        for _start, _end, event_id in runs:  # an event starts only after its key's earlier
-            earlier = [r for r in after.values() if r["ordering_key"] == key]
-            earlier = [r for r in earlier if r["seq"] < after[event_id]["seq"]]
+        for _start, _end, event_id in runs:
+            earlier = [r for r in by_key[key] if r["seq"] < after[event_id]["seq"]]
             assert all(r["status"] in ("published", "dead_letter") for r in earlier)
-    assert len(executions) == KEYS

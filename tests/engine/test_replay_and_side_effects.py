@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 
 import pytest
@@ -17,6 +18,7 @@ from engine import (
     run_event_side_effect,
 )
 from engine.errors import OutboxError
+from engine.idempotency import IdempotencyStore
 from engine.schema import replay_log, side_effects
 
 from .conftest import row
@@ -160,6 +162,47 @@ async def test_raising_side_effect_is_recorded_failed_and_retried(db, registry, 
     assert effect["status"] == "succeeded" and effect["response"] == "ok"
     assert effect["attempt_count"] == 2
     assert vendor_calls["send"] == 2
+
+
+class _SlowRecords(IdempotencyStore):
+    """Side-effect records that wait, as on SQLite behind another process's write lock."""
+
+    async def record_side_effect(self, *args, **kwargs):
+        await asyncio.sleep(0.3)
+        await super().record_side_effect(*args, **kwargs)
+
+
+async def test_a_handler_timed_out_after_the_call_still_records_it(db, registry, clock):
+    """The timeout lands while the record waits: the record is written anyway, so the
+    retry answers from it and the external system is called once (fault suite: crash)."""
+    vendor_calls = Counter()
+
+    @registry.handler("orders.placed", key="orders.charge")
+    async def charge(envelope):
+        def call_vendor():
+            vendor_calls[envelope.event_id] += 1
+            return "charged"
+
+        await run_event_side_effect("vendor.charge", call_vendor)
+
+    [event_id] = await publish(db, registry)
+    dispatcher = OutboxDispatcher(
+        db,
+        registry,
+        clock=clock,
+        handler_timeout_seconds=0.1,
+        idempotency_store=_SlowRecords(db, clock=clock),
+        backoff=BackoffPolicy(base_seconds=1),
+    )
+    result = await dispatcher.dispatch_once()
+    assert result == DispatchResult(claimed=1, failed=1)
+    assert "timed out" in (await row(db, event_id))["last_error"]
+    async with db.connect() as conn:
+        [effect] = (await conn.execute(select(side_effects))).mappings().all()
+    assert effect["status"] == "succeeded" and effect["response"] == "charged"
+    clock.advance(1)
+    assert await dispatcher.dispatch_once() == DispatchResult(claimed=1, published=1)
+    assert vendor_calls == {event_id: 1}
 
 
 async def test_side_effect_helper_outside_a_handler_is_an_error():

@@ -1,3 +1,5 @@
-"""Fault-suite fixtures: the CLI runner of tests/cli (real ``python -m outbox_tui`` processes)."""
+"""The fault suite's fixtures: the CLI tests' ``cli`` (a real ``outbox-tui`` subprocess)."""
 
-from tests.cli.conftest import cli  # noqa: F401 - shared fixture
+from tests.cli.conftest import cli
+
+__all__ = ["cli"]

@@ -1,0 +1,264 @@
+"""Crash: dispatcher processes are SIGKILLed at random moments while a backlog drains.
+
+Two ``outbox-tui --dispatch`` processes drain a backlog of ordered events (by key, both
+dead-letter policies) and unordered ones, with random transient and permanent failures
+(tests/cli/ordered_app.py); some handlers make an external call guarded by
+``run_event_side_effect``. One process at a time is killed with SIGKILL at a random moment
+and started again at once, so one always keeps running. The lease is short (2 s), so a
+dead process's claims come back quickly.
+
+Afterwards: every event is in the state its fate gives (published, dead letter, or
+pending behind a blocking dead letter) and nothing is left in ``publishing``; per key,
+executions follow write order and never overlap (a killed execution ends at its kill);
+no claim is completed twice and no event is published twice (commit log, faults.py); and
+every guarded external call ran once, except where a process was killed between the
+call and its record (the documented window), which is counted and reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from engine import create_engine
+from engine.idempotency import SUCCEEDED
+from engine.publisher import OutboxEvent
+from engine.schema import side_effects
+from tests.cli.conftest import Cli, status_counts
+from tests.cli.test_ordered_processes import (
+    _assert_key_order,
+    _expected,
+    _fates,
+    _key_executions,
+    _rows,
+    _seed,
+)
+from tests.reliability.faults import (
+    REPO,
+    Dispatcher,
+    completions,
+    database_name,
+    held_claims,
+    install_commit_log,
+    reproduce,
+    spawn,
+    stop_all,
+    wait_started,
+)
+from tests.reliability.results import ScenarioResult, record
+
+LEASE_SECONDS = 2
+BATCH_SIZE = 20
+# (keys, events per key, unordered events, kills): CI sizes, then --soak.
+CI = (150, 8, 1200, 30)
+SOAK = (500, 8, 6000, 150)
+SEED = 20261209
+
+
+async def _side_effect_records(url: str) -> Counter[str]:
+    """Succeeded side-effect records per event."""
+    engine = create_engine(url)
+    try:
+        async with engine.connect() as conn:
+            rows = await conn.execute(
+                select(side_effects.c.event_id).where(side_effects.c.status == SUCCEEDED)
+            )
+            return Counter(r[0] for r in rows)
+    finally:
+        await engine.dispose()
+
+
+async def _kill_at_random(
+    cli: Cli,
+    args: tuple[str, ...],
+    env: dict[str, str],
+    tmp_path: Path,
+    url: str,
+    kills: int,
+    rng: random.Random,
+    backlog: list[OutboxEvent],
+) -> tuple[list[Dispatcher], int, int]:
+    """Two slots; kill the older process of the two at a random moment, restart it, repeat.
+
+    A kill waits until the other slot's process is up, so one keeps dispatching at every
+    moment. A third of ``backlog`` is written first, the rest in one chunk just before
+    each kill, so the victim is busy with it however fast this machine drains.
+    Returns every process started, the claims the killed ones held, and how many events
+    were not finished yet (pending, failed or publishing) at the last kill.
+    """
+    first = len(backlog) // 3
+    await _seed(url, backlog[:first])
+    started: list[Dispatcher] = []
+
+    def start(slot: int) -> Dispatcher:
+        dispatcher = spawn(cli, f"crash{slot}-{len(started)}", args, env, tmp_path)
+        started.append(dispatcher)
+        return dispatcher
+
+    slots = [start(0), start(1)]
+    held = at_last_kill = 0
+    step = -(-(len(backlog) - first) // kills)  # ceiling division: every event is written
+    for n in range(kills):
+        victim = n % 2
+        await wait_started(slots[1 - victim])  # the survivor is dispatching
+        await wait_started(slots[victim])
+        await _seed(url, backlog[first + n * step : first + (n + 1) * step])
+        await asyncio.sleep(rng.uniform(0.0, 0.4))  # a random moment of its run
+        held += await held_claims(url, slots[victim].name)
+        if n == kills - 1:
+            at_last_kill = await _unfinished(url)
+        slots[victim].kill()
+        slots[victim] = start(victim)
+    for dispatcher in slots:
+        await wait_started(dispatcher)
+    return started, held, at_last_kill
+
+
+async def _unfinished(url: str) -> int:
+    """Events written so far that are not published or dead-lettered yet."""
+    counts = await status_counts(url)
+    return sum(counts.get(s, 0) for s in ("pending", "failed", "publishing"))
+
+
+@pytest.mark.slow
+async def test_sigkilled_dispatchers_lose_nothing_and_keep_key_order(
+    database_url: str, cli: Cli, tmp_path: Path, soak: bool
+) -> None:
+    keys, per_key, unordered, kills = SOAK if soak else CI
+    rng = random.Random(SEED)
+    drafts = _fates(
+        rng,
+        keys=keys,
+        per_key=per_key,
+        unordered=unordered,
+        permanent=0.01,
+        sleep_ms=(5, 60),
+        effects=0.25,
+    )
+    await _seed(database_url, [])  # the schema; the events come while processes die
+    await install_commit_log(database_url)
+    log = tmp_path / "handled.log"
+    env = {
+        "OUTBOX_DATABASE_URL": database_url,
+        "ORDERED_APP_LOG": str(log),
+        "PYTHONPATH": str(REPO),
+        "OUTBOX_DISPATCHER__BACKOFF_KIND": "fixed",
+        "OUTBOX_DISPATCHER__BACKOFF_BASE_SECONDS": "0.05",
+        "OUTBOX_DISPATCHER__BACKOFF_JITTER": "0",
+    }
+    args = (
+        "--dispatch",
+        "--installed-app",
+        "tests.cli.ordered_app",
+        "--batch-size",
+        str(BATCH_SIZE),
+        "--idle-sleep-seconds",
+        "0.05",
+        "--lease-seconds",
+        str(LEASE_SECONDS),
+        # Every kill spends an attempt of each event it interrupts: a generous budget
+        # keeps the fates (fail n times, then succeed) what decides the final state.
+        "--max-attempts",
+        "50",
+        "--json",
+    )
+    t0 = time.monotonic()
+    dispatchers: list[Dispatcher] = []
+    try:
+        dispatchers, held, at_last_kill = await _kill_at_random(
+            cli, args, env, tmp_path, database_url, kills, rng, drafts
+        )
+        kill_phase = time.monotonic() - t0
+        before = await _rows(database_url)
+        assert len(before) == len(drafts)
+        expected = _expected(before)
+        want = Counter(expected.values())
+        deadline = time.monotonic() + 120
+        while (counts := await status_counts(database_url)) != want:
+            assert time.monotonic() < deadline, (counts, want)
+            await asyncio.sleep(0.1)
+    finally:
+        codes = stop_all(dispatchers)
+    assert codes == [0] * len(codes), [d.stderr()[-2000:] for d in dispatchers]
+    killed = [d for d in dispatchers if d.killed_at is not None]
+    assert len(killed) == kills
+
+    after = {row["id"]: row for row in await _rows(database_url)}
+    lost = sum(after[i]["status"] != status for i, status in expected.items())
+    assert lost == 0
+    assert await held_claims(database_url) == 0  # nothing left in publishing
+
+    killed_at = {d.pid: d.killed_at for d in killed if d.killed_at is not None}
+    executions, _pids = _key_executions(log, after, killed_at)
+    _assert_key_order(executions, after)
+
+    log_lines = [line.split() for line in log.read_text().splitlines()]
+    starts = Counter(event_id for kind, event_id, _pid, _ns in log_lines if kind == "start")
+
+    done = await completions(database_url)
+    # Claims that never completed: cut off by a kill, then claimed again (at-least-once).
+    cut_claims = sum(int(row["claim_version"]) for row in after.values()) - len(done.entries)
+    duplicated = done.duplicated()
+    assert duplicated == 0
+    published = done.published_by()
+    assert set(published) == {i for i, s in expected.items() if s == "published"}
+
+    # Guarded external calls: one record per event; a call made again is allowed only
+    # where a process was killed after the call and before its record (the window).
+    calls: dict[str, list[str]] = defaultdict(list)
+    for kind, event_id, pid, _ns in log_lines:
+        if kind == "effect":
+            calls[event_id].append(pid)
+    records = await _side_effect_records(database_url)
+    with_effect = {row["id"] for row in before if row["payload"].get("effect")}
+    attempted = with_effect & set(starts)
+    assert set(records) <= with_effect
+    assert all(records[event_id] == 1 for event_id in records)
+    assert set(calls) <= attempted
+    cut_off: Counter[str] = Counter()  # killed pid -> its calls made again elsewhere
+    for event_id, pids in calls.items():
+        for pid in pids[:-1]:  # every call but the last was cut off by a kill
+            assert pid in killed_at, f"{event_id}: called again after a clean run in {pid}"
+            cut_off[pid] += 1
+    repeats = sum(cut_off.values())
+    # Each repeat needs a claim a kill cut off, and one process had at most a batch.
+    assert repeats <= cut_claims
+    assert max(cut_off.values(), default=0) <= BATCH_SIZE
+    # Small: on PostgreSQL about one per kill at most. On SQLite the record waits for the
+    # database-wide write lock after the call, so the window is wider (issue 9, defect 5).
+    per_kill = 1 if database_url.startswith("postgresql") else 3
+    assert repeats <= per_kill * kills, (repeats, kills)
+    refused = sum(d.refused() for d in dispatchers)
+
+    record(
+        ScenarioResult(
+            scenario="crash",
+            database=database_name(database_url),
+            runs=1,
+            events=len(before),
+            kills=len(killed),
+            lost=lost,
+            duplicated_completions=duplicated,
+            late_completions_refused=refused,
+            side_effect_repeats=repeats,
+            command=reproduce("tests/reliability/test_crash.py", soak=soak),
+            soak=soak,
+            notes=[
+                f"{len(before):,} events ({keys} keys x {per_key} ordered, {unordered:,} "
+                f"unordered), 2 processes, lease {LEASE_SECONDS} s; {len(killed)} SIGKILLs in "
+                f"{kill_phase:.0f} s hit {held:,} claimed rows; at the last kill "
+                f"{at_last_kill:,} events were unfinished (some pending behind a blocking "
+                "dead letter for good)",
+                f"{cut_claims:,} claims cut off by a kill and delivered again "
+                f"(at-least-once); {sum(map(len, calls.values())):,} guarded external calls "
+                f"for {len(records):,} side-effect records: {repeats} repeats, each after a "
+                "kill between the call and its record (the documented window)",
+            ],
+        )
+    )
