@@ -8,6 +8,7 @@ or decorates them, so scripts can match ``outbox-tui: error: ...``.
 
 from __future__ import annotations
 
+import errno
 import json
 import sys
 import time
@@ -272,6 +273,19 @@ def _width(stream: TextIO) -> int | None:
         return 200
 
 
+class PipeConsole(Console):
+    """A rich console that lets a closed pipe end the command like other Unix tools.
+
+    rich's own ``on_broken_pipe`` raises ``SystemExit(1)``; this raises the
+    ``BrokenPipeError`` instead, which ``outbox_tui.cli.errors.run_guarded`` turns into
+    a quiet exit 0 (``outbox-tui stats | head -1``).
+    """
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True  # nothing more from this console (a Live's last refresh, say)
+        raise BrokenPipeError(errno.EPIPE, "the reader closed the pipe")
+
+
 class Output:
     """stdout for results (JSON or rich), stderr for errors, progress and status."""
 
@@ -282,8 +296,10 @@ class Output:
         self._stdout = stdout or sys.stdout
         self._stderr = stderr or sys.stderr
         # Piped or redirected output keeps one row per line instead of rich's 80 columns.
-        self.console = Console(file=self._stdout, highlight=False, width=_width(self._stdout))
-        self.err_console = Console(file=self._stderr, highlight=False, width=_width(self._stderr))
+        self.console = PipeConsole(file=self._stdout, highlight=False, width=_width(self._stdout))
+        self.err_console = PipeConsole(
+            file=self._stderr, highlight=False, width=_width(self._stderr)
+        )
 
     @property
     def stderr(self) -> TextIO:
