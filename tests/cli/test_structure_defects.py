@@ -56,9 +56,7 @@ def test_settings_errors_name_a_flag_that_exists(
         ("dispatch-once", "--installed-app", APP),
     ],
 )
-def test_a_closed_pipe_ends_the_command_quietly(
-    cli: Cli, dead_letters_url: str, args
-) -> None:
+def test_a_closed_pipe_ends_the_command_quietly(cli: Cli, dead_letters_url: str, args) -> None:
     read, write = os.pipe()
     os.close(read)  # the reader is gone before the first line: every write meets EPIPE
     try:
