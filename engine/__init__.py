@@ -6,8 +6,8 @@ relay) and records each outcome behind a fencing token.
 
 This module is the public API: producing (``unit_of_work``, publisher,
 registry), running (``run_dispatcher``, ``load_settings``), operating
-(``OutboxInsights`` and its types, replay and skip) and every error class,
-all under ``OutboxError``.
+(``OutboxInsights`` and its types, error groups, pauses, replay and skip) and
+every error class, all under ``OutboxError``.
 """
 
 from engine.backoff import BackoffPolicy
@@ -16,6 +16,7 @@ from engine.database import create_engine, create_schema, mask_url
 from engine.dispatcher import DispatchResult, OutboxDispatcher
 from engine.domain import AggregateRoot
 from engine.envelope import EventEnvelope
+from engine.error_groups import ErrorGroup, ErrorGroups
 from engine.errors import (
     BrokerUnavailableError,
     ConfigurationError,
@@ -30,6 +31,7 @@ from engine.errors import (
     NothingToDeliverError,
     OutboxError,
     OutboxTransactionError,
+    PauseError,
     ReplayError,
     SchemaMissingError,
     SchemaOutdatedError,
@@ -48,7 +50,10 @@ from engine.insights import (
     MatchSummary,
     OutboxInsights,
     OverviewSnapshot,
+    TypeCounts,
+    UnservedType,
 )
+from engine.pauses import Pause, PausedBacklog
 from engine.publisher import OutboxEventPublisher
 from engine.registry import EventRegistry, EventSchemaSpec, Ordering
 from engine.replay import ReplayResult, SkipResult, replay_dead_letter, skip_dead_letter
@@ -69,6 +74,8 @@ __all__ = [
     "DispatchResult",
     "DispatcherSettings",
     "DomainEventError",
+    "ErrorGroup",
+    "ErrorGroups",
     "EventDetail",
     "EventEnvelope",
     "EventFilter",
@@ -93,6 +100,9 @@ __all__ = [
     "OutboxSettings",
     "OutboxTransactionError",
     "OverviewSnapshot",
+    "Pause",
+    "PauseError",
+    "PausedBacklog",
     "ReplayError",
     "ReplayResult",
     "RunSummary",
@@ -102,7 +112,9 @@ __all__ = [
     "StorageError",
     "TaskContext",
     "TenantMismatchError",
+    "TypeCounts",
     "UnknownEventTypeError",
+    "UnservedType",
     "build_dispatcher",
     "create_engine",
     "create_schema",
