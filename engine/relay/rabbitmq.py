@@ -71,10 +71,10 @@ from engine.relay.cloudevents import (
     random_span_id,
     to_cloudevent,
 )
+from engine.settings import DEFAULT_EXCHANGE
 
 log = logging.getLogger("engine.relay.rabbitmq")
 
-DEFAULT_EXCHANGE = "outbox.events"
 UNAVAILABLE = "broker unavailable"
 
 

@@ -11,6 +11,7 @@ from textual.content import Content
 from textual.widgets import DataTable, Static
 
 from engine.insights import HeartbeatView, UnservedType
+from outbox_tui import PROG
 from outbox_tui.widgets.format import compact, count, duration, heartbeat_state_text
 
 COLUMNS = (
@@ -31,7 +32,7 @@ NARROW_BELOW = 110
 
 MAX_ROWS = 5
 NO_HEARTBEAT = (
-    "No dispatcher has written a heartbeat yet. Run `outbox-tui --dispatch` "
+    f"No dispatcher has written a heartbeat yet. Run `{PROG} --dispatch` "
     "or press s to start one here."
 )
 
