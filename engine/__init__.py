@@ -13,6 +13,7 @@ every error class, all under ``OutboxError``.
 from engine.backoff import BackoffPolicy
 from engine.context import TaskContext, current_task_context
 from engine.database import create_engine, create_schema, mask_url
+from engine.dispatch_health import BlockedKey, HeartbeatView, UnservedType
 from engine.dispatcher import DispatchResult, OutboxDispatcher
 from engine.domain import AggregateRoot
 from engine.envelope import EventEnvelope
@@ -41,17 +42,14 @@ from engine.errors import (
 )
 from engine.idempotency import IdempotencyStore
 from engine.insights import (
-    BlockedKey,
     EventDetail,
     EventFilter,
     EventPage,
     EventSummary,
-    HeartbeatView,
     MatchSummary,
     OutboxInsights,
     OverviewSnapshot,
     TypeCounts,
-    UnservedType,
 )
 from engine.pauses import Pause, PausedBacklog
 from engine.publisher import OutboxEventPublisher

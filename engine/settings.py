@@ -6,7 +6,13 @@ Nested settings use ``__``: ``OUTBOX_DISPATCHER__BATCH_SIZE=50`` sets
 "not given". Every invalid value becomes one ``ConfigurationError`` line naming
 both the variable and the flag, e.g.
 ``OUTBOX_DISPATCHER__BATCH_SIZE / --batch-size must be an integer between 1 and
-1000, got 0``.
+1000, got 0`` (only the variable when the command has no such flag).
+
+Why one module (about 500 lines): the models, the loading and the error wording
+are one contract read from the same field metadata. Each field's bounds,
+description and flag make the CLI's options (``outbox_tui.cli.options``), the
+``--help`` text and the one-line error; split, a field added in one module would
+silently lack its flag or its wording in another.
 
 The attempt budget: each outbox row carries its own ``max_attempts``, fixed
 when it is published (explicitly, or the column default 10).
