@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import field
+from dataclasses import dataclass, field
 from typing import Any
 
 from rich.live import Live
@@ -19,6 +19,7 @@ from outbox_tui.output.writer import Output
 WORK_TOTALS = HEARTBEAT_TOTALS
 
 
+@dataclass(slots=True)
 class RunClock:
     started: float = field(default_factory=time.monotonic)
 
