@@ -24,7 +24,7 @@ from pathlib import Path
 
 import aio_pika
 
-from engine.relay.rabbitmq import DEFAULT_EXCHANGE
+from engine.settings import DEFAULT_EXCHANGE
 
 QUEUE = "outbox.bench"
 ROUTING_KEY = "bench.happened"

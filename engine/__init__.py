@@ -6,16 +6,18 @@ relay) and records each outcome behind a fencing token.
 
 This module is the public API: producing (``unit_of_work``, publisher,
 registry), running (``run_dispatcher``, ``load_settings``), operating
-(``OutboxInsights`` and its types, replay and skip) and every error class,
-all under ``OutboxError``.
+(``OutboxInsights`` and its types, error groups, pauses, replay and skip) and
+every error class, all under ``OutboxError``.
 """
 
 from engine.backoff import BackoffPolicy
 from engine.context import TaskContext, current_task_context
 from engine.database import create_engine, create_schema, mask_url
+from engine.dispatch_health import BlockedKey, HeartbeatView, UnservedType
 from engine.dispatcher import DispatchResult, OutboxDispatcher
 from engine.domain import AggregateRoot
 from engine.envelope import EventEnvelope
+from engine.error_groups import ErrorGroup, ErrorGroups
 from engine.errors import (
     BrokerUnavailableError,
     ConfigurationError,
@@ -30,6 +32,7 @@ from engine.errors import (
     NothingToDeliverError,
     OutboxError,
     OutboxTransactionError,
+    PauseError,
     ReplayError,
     SchemaMissingError,
     SchemaOutdatedError,
@@ -39,16 +42,16 @@ from engine.errors import (
 )
 from engine.idempotency import IdempotencyStore
 from engine.insights import (
-    BlockedKey,
     EventDetail,
     EventFilter,
     EventPage,
     EventSummary,
-    HeartbeatView,
     MatchSummary,
     OutboxInsights,
     OverviewSnapshot,
+    TypeCounts,
 )
+from engine.pauses import Pause, PausedBacklog
 from engine.publisher import OutboxEventPublisher
 from engine.registry import EventRegistry, EventSchemaSpec, Ordering
 from engine.replay import ReplayResult, SkipResult, replay_dead_letter, skip_dead_letter
@@ -69,6 +72,8 @@ __all__ = [
     "DispatchResult",
     "DispatcherSettings",
     "DomainEventError",
+    "ErrorGroup",
+    "ErrorGroups",
     "EventDetail",
     "EventEnvelope",
     "EventFilter",
@@ -93,6 +98,9 @@ __all__ = [
     "OutboxSettings",
     "OutboxTransactionError",
     "OverviewSnapshot",
+    "Pause",
+    "PauseError",
+    "PausedBacklog",
     "ReplayError",
     "ReplayResult",
     "RunSummary",
@@ -102,7 +110,9 @@ __all__ = [
     "StorageError",
     "TaskContext",
     "TenantMismatchError",
+    "TypeCounts",
     "UnknownEventTypeError",
+    "UnservedType",
     "build_dispatcher",
     "create_engine",
     "create_schema",

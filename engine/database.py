@@ -29,6 +29,10 @@ from engine.errors import (
 from engine.schema import metadata
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./outbox.db"
+# The program the engine's hints name (``outbox_tui.PROG`` is the same name; a test keeps
+# them equal: the front end's stays import-light for its SIGTERM-first entry point).
+PROGRAM = "outbox-tui"
+INIT_DB = f"{PROGRAM} init-db"
 SQLITE_BUSY_TIMEOUT_SECONDS = 30.0
 _READ_ONLY_OPTION = "outbox_read_only"
 _ASYNC_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+asyncpg"}
@@ -187,7 +191,7 @@ def translate_storage_error(exc: BaseException, url: str | URL | None = None) ->
         first = mask_secrets(first, url)
     if _MISSING_TABLE.search(str(exc)):
         return SchemaMissingError(
-            f"the outbox tables are missing ({first}); create them with `outbox-tui init-db`"
+            f"the outbox tables are missing ({first}); create them with `{INIT_DB}`"
         )
     if isinstance(exc, (OSError, ConnectionError, TimeoutError)) or _is_connection_error(exc):
         where = f" at {mask_url(url)}" if url is not None else ""
@@ -261,5 +265,5 @@ async def check_schema(engine: AsyncEngine) -> None:
     if missing:
         raise SchemaOutdatedError(
             f"the outbox tables are from an earlier version (missing {', '.join(missing)}); "
-            "upgrade them in place with `outbox-tui init-db`"
+            f"upgrade them in place with `{INIT_DB}`"
         )

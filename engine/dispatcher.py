@@ -1,5 +1,9 @@
 """Claim due events, deliver them concurrently, and record each outcome under the lease.
 
+Why one module (about 550 lines): a round's claim, concurrent delivery and fenced
+writes share one batch's lease budget and in-flight state; apart, the checks of when
+a handler may still start would sit away from the writes they protect.
+
 One round (``dispatch_once``):
 
 1. claims a batch in one statement (see ``engine.store``): unordered rows, and the

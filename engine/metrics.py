@@ -68,7 +68,8 @@ class OutboxMetrics:
         )
         self.oldest_pending_age = Gauge(
             "outbox_oldest_pending_age_seconds",
-            "Age of the oldest event still waiting for its first attempt (0 when none).",
+            "Seconds since the longest-waiting pending event became due: its creation, or "
+            "its latest replay (0 when none is pending).",
             registry=r,
         )
 

@@ -1,5 +1,11 @@
 """The dispatcher's run loop: rounds, idle sleep, wake-ups, housekeeping, shutdown.
 
+Why one module (about 430 lines): the loop, its sleep and wake-up, the storage-error
+backoff, housekeeping and shutdown share one run's state (totals, heartbeat, next
+housekeeping time, retry delay), and the order of these steps within a round is the
+contract; kept together, that order reads top to bottom (``build_dispatcher`` is
+here because the loop's settings and the dispatcher's come from one section).
+
 ``run_dispatcher`` repeats ``dispatch_once``. After a round that claimed
 nothing it waits ``idle_sleep_seconds`` on the shutdown event and, on
 PostgreSQL, on a wake-up notification (engine.wakeup), whichever comes first;

@@ -1,5 +1,10 @@
 """The outbox's tables: one ``MetaData`` users can hand to their own Alembic.
 
+Why one module (about 400 lines): the tables, their indexes, the partial-index
+predicates that queries must repeat word for word (engine.store, engine.insights)
+and the SQLite trigger are one contract with engine.migrations; a user's Alembic
+imports one ``MetaData``, and an index and the predicate it serves stay side by side.
+
 ``outbox_events`` is a documented contract: every column except id, tenant_id,
 event_type, event_version, aggregate_type, aggregate_id and payload has a
 server-side default, so any language can enqueue an event with plain SQL.

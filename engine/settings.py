@@ -6,7 +6,13 @@ Nested settings use ``__``: ``OUTBOX_DISPATCHER__BATCH_SIZE=50`` sets
 "not given". Every invalid value becomes one ``ConfigurationError`` line naming
 both the variable and the flag, e.g.
 ``OUTBOX_DISPATCHER__BATCH_SIZE / --batch-size must be an integer between 1 and
-1000, got 0``.
+1000, got 0`` (only the variable when the command has no such flag).
+
+Why one module (about 500 lines): the models, the loading and the error wording
+are one contract read from the same field metadata. Each field's bounds,
+description and flag make the CLI's options (``outbox_tui.cli.options``), the
+``--help`` text and the one-line error; split, a field added in one module would
+silently lack its flag or its wording in another.
 
 The attempt budget: each outbox row carries its own ``max_attempts``, fixed
 when it is published (explicitly, or the column default 10).
@@ -19,6 +25,7 @@ dispatchers of one outbox the same value. See docs/dispatcher.md.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 import annotated_types
@@ -306,56 +313,78 @@ _SECTIONS: dict[str, type[BaseModel]] = {
 }
 
 
-def load_settings(**overrides: Any) -> OutboxSettings:
+def load_settings(*, flags: Collection[str] | None = None, **overrides: Any) -> OutboxSettings:
     """Settings from the environment, with explicit (non-None) ``overrides`` on top.
 
     Overrides are top-level names (``database_url``), fields of a section by
     their own name (``batch_size=7``, ``refresh_seconds=2``), or a whole section
     (``dispatcher={...}``). Raises ``ConfigurationError`` with one line naming
     the variable and the flag; an unknown keyword is a programming error
-    (``TypeError``).
+    (``TypeError``). ``flags`` are the flags the calling command accepts: an
+    error about a setting whose flag is not among them names the variable only
+    (None: every setting's flag is named).
     """
-    return _validated(_init_values(overrides))
+    return _validated(_init_values(overrides), flags)
 
 
-def _validated(init: dict[str, Any]) -> OutboxSettings:
+def _validated(init: dict[str, Any], flags: Collection[str] | None) -> OutboxSettings:
     try:
         settings = OutboxSettings(**init)
     except ValidationError as exc:
-        raise ConfigurationError(describe_validation_error(exc)) from None
+        raise ConfigurationError(describe_validation_error(exc, flags=flags)) from None
+    return _check_url(settings, flags)
+
+
+def _check_url(settings: OutboxSettings, flags: Collection[str] | None) -> OutboxSettings:
     try:
         parse_database_url(settings.database_url)
     except DatabaseUrlError as exc:
-        raise DatabaseUrlError(f"{setting_names(('database_url',))}: {exc}") from None
+        raise DatabaseUrlError(f"{setting_names(('database_url',), flags)}: {exc}") from None
     return settings
 
 
-def load_settings_for_reading(**overrides: Any) -> tuple[OutboxSettings, str | None]:
-    """Like ``load_settings``, but a bad dispatcher setting is returned, not raised.
+def load_settings_for_reading(
+    *, flags: Collection[str] | None = None, **overrides: Any
+) -> tuple[OutboxSettings, str | None]:
+    """Like ``load_settings``, but a bad dispatcher or console section is not raised.
 
     A read-only look during an incident (``stats``, the dead-letter commands)
-    must not fail on a setting only the dispatcher uses: the dispatcher section
-    then falls back to its defaults and the problem comes back as the second item.
+    must not fail on a setting only the dispatcher or the console uses: that
+    section falls back to its defaults (plus the values given on purpose, which
+    must still be right) and validation goes on. The dispatcher's problem comes
+    back as the second item (``stats`` says what it could not count); a console
+    problem does not, because no read-only command uses the console's settings.
     """
+    init = _init_values(overrides)
+    problem: str | None = None
+    fallen: set[str] = set()
+    while True:
+        try:
+            settings = OutboxSettings(**init)
+        except ValidationError as exc:
+            loc = exc.errors()[0]["loc"]
+            section = str(loc[0]) if loc else ""
+            message = describe_validation_error(exc, flags=flags)
+            if section not in _SECTIONS or section in fallen:
+                raise ConfigurationError(message) from None
+            fallen.add(section)
+            if section == "dispatcher":
+                problem = message
+            # A model instance (not a dict) replaces the environment's section instead of
+            # merging with it.
+            init[section] = _explicit_section(section, init.get(section, {}), flags)
+            continue
+        return _check_url(settings, flags), problem
+
+
+def _explicit_section(section: str, given: Any, flags: Collection[str] | None) -> BaseModel:
+    """The section from the values given on purpose only (flags, a section override)."""
+    values = given if isinstance(given, dict) else {}
     try:
-        return load_settings(**overrides), None
-    except ConfigurationError as exc:
-        if DISPATCHER_PREFIX not in str(exc) or isinstance(exc, DatabaseUrlError):
-            raise
-        problem = str(exc)
-    given = {k: v for k, v in overrides.items() if k in DispatcherSettings.model_fields}
-    others = {k: v for k, v in overrides.items() if k not in given and k != "dispatcher"}
-    init = _init_values(others)
-    try:  # flags given on purpose must still be right
-        explicit = DispatcherSettings(**{k: v for k, v in given.items() if v is not None})
+        return _SECTIONS[section](**values)
     except ValidationError as exc:
-        raise ConfigurationError(describe_validation_error(exc, within=("dispatcher",))) from None
-    # A model instance (not a dict) replaces the environment's section instead of merging.
-    init["dispatcher"] = explicit
-    return _validated(init), problem
-
-
-DISPATCHER_PREFIX = f"{ENV_PREFIX}DISPATCHER__"
+        message = describe_validation_error(exc, within=(section,), flags=flags)
+        raise ConfigurationError(message) from None
 
 
 def _init_values(overrides: dict[str, Any]) -> dict[str, Any]:
@@ -391,28 +420,46 @@ def flag_of(loc: tuple[str, ...]) -> str:
     return "--" + loc[-1].replace("_", "-")
 
 
-def setting_names(loc: tuple[str, ...]) -> str:
-    """``OUTBOX_DISPATCHER__BATCH_SIZE / --batch-size`` for ``("dispatcher", "batch_size")``."""
-    env = ENV_PREFIX + "__".join(part.upper() for part in loc)
-    return f"{env} / {flag_of(loc)}"
+def env_of(loc: tuple[str, ...]) -> str:
+    """The environment variable of a setting: ``OUTBOX_DISPATCHER__USE_LOCK``."""
+    return ENV_PREFIX + "__".join(part.upper() for part in loc)
 
 
-def describe_validation_error(exc: ValidationError, *, within: tuple[str, ...] = ()) -> str:
-    """The first problem of a settings ``ValidationError`` (of a section ``within``) as one line."""
+def setting_names(loc: tuple[str, ...], flags: Collection[str] | None = None) -> str:
+    """``OUTBOX_DISPATCHER__BATCH_SIZE / --batch-size`` for ``("dispatcher", "batch_size")``.
+
+    Only the variable when ``flags`` (the calling command's) does not have the flag.
+    """
+    flag = flag_of(loc)
+    if flags is not None and flag not in flags:
+        return env_of(loc)
+    return f"{env_of(loc)} / {flag}"
+
+
+def describe_validation_error(
+    exc: ValidationError,
+    *,
+    within: tuple[str, ...] = (),
+    flags: Collection[str] | None = None,
+) -> str:
+    """The first problem of a settings ``ValidationError`` (of a section ``within``) as one line.
+
+    ``flags``: as for ``load_settings``.
+    """
     error = exc.errors()[0]
     loc = within + tuple(str(part) for part in error["loc"])
     ctx = error.get("ctx") or {}
     if "setting" in ctx:  # a cross-field rule names the field it blames
         loc = (*loc, str(ctx["setting"]))
     if error["type"] == "extra_forbidden":
-        return f"{ENV_PREFIX}{'__'.join(p.upper() for p in loc)} is not a known setting"
+        return f"{env_of(loc)} is not a known setting"
     field = _field_info(loc)
     requirement = ctx.get("requirement") or (
         _requirement(field) if field is not None else error["msg"]
     )
     value = ctx.get("value", error.get("input"))
     shown = repr(value) if value == "" or not isinstance(value, str | int | float) else value
-    return f"{setting_names(loc)} must be {requirement}, got {shown}"
+    return f"{setting_names(loc, flags)} must be {requirement}, got {shown}"
 
 
 def _conflict(setting: str, value: float, requirement: str) -> PydanticCustomError:

@@ -1,5 +1,10 @@
 """Every statement that changes an outbox row, in one place.
 
+Why one module (about 600 lines): the fence every completion re-checks (status,
+holder, ``claim_version``, expiry) is written once here and must match the claim
+that set it; keeping every row change together lets one review see that no write
+goes around the fence.
+
 Each state change is a conditional update: a claim only takes rows that are
 due and unleased, and every completion re-checks the dispatcher's lease
 (status, holder, fencing token ``claim_version`` and expiry). A completion that

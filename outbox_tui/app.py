@@ -19,6 +19,7 @@ from engine.operations import DispatchSpec, insights_for, load_registry, open_en
 from engine.registry import EventRegistry
 from engine.replay import default_operator
 from engine.settings import DEFAULT_EXCHANGE, ConsoleSettings, DispatcherSettings, OutboxSettings
+from outbox_tui import PROG
 from outbox_tui.actions import bindings
 from outbox_tui.dispatch_control import DispatchControl, console_instance_id
 from outbox_tui.screens.help import HelpScreen
@@ -67,7 +68,7 @@ class OutboxConsole(App[int]):
     """The operations console. Owns the services; ``MainScreen`` owns the views."""
 
     CSS_PATH = "styles.tcss"
-    TITLE = "outbox-tui"
+    TITLE = PROG
     BINDINGS = bindings(app=True)
     # Every screen gets one width and one height class; styles.tcss fits the panels
     # and dialogs to 80x24 (narrow, short) up to 160x48 and beyond (wide, tall).

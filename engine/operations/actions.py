@@ -14,7 +14,7 @@ and a real replay of the same selection report the same number.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -77,13 +77,7 @@ async def plan_replay_matching(insights: OutboxInsights, flt: EventFilter) -> Re
 
 
 def _dead_letters(flt: EventFilter) -> EventFilter:
-    return EventFilter(
-        statuses=(DEAD_LETTER,),
-        event_type=flt.event_type,
-        tenant_id=flt.tenant_id,
-        aggregate_id=flt.aggregate_id,
-        ordering_key=flt.ordering_key,
-    )
+    return replace(flt, statuses=(DEAD_LETTER,))  # every other field as given
 
 
 @dataclass(slots=True)

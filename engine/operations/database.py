@@ -24,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.pool import NullPool
 
 from engine.database import (
+    INIT_DB,
     SQLITE_BUSY_TIMEOUT_SECONDS,
     check_schema,
     create_engine,
@@ -38,7 +39,6 @@ Purpose = Literal["command", "console", "dispatcher"]
 # One connect timeout for every purpose: an unreachable server is reported in seconds.
 PG_CONNECT_TIMEOUT_SECONDS = 10.0
 CHECK_TIMEOUT_SECONDS = 20.0
-INIT_DB = "outbox-tui init-db"
 
 
 def sqlite_path(database_url: str | URL) -> Path | None:

@@ -1,5 +1,11 @@
 """Relay outbox events to RabbitMQ as CloudEvents, with publisher confirms.
 
+Why one module (about 450 lines): connecting, batching with confirms, the outage
+rules and the circuit breaker below all read and change one state (the connection,
+the channel, the probe schedule, what the relay waits for) inside each
+``publish()``; split, that state machine would be shared across modules and its
+transitions harder to follow.
+
 ``RabbitMqOutboxPublisher`` is the dispatcher's ``external_publisher``. An
 event counts as published only once the broker confirmed it (``Basic.Ack``);
 an unroutable event (``mandatory``, returned with 312 NO_ROUTE) is *failed*,
@@ -75,10 +81,10 @@ from engine.relay.cloudevents import (
     random_span_id,
     to_cloudevent,
 )
+from engine.settings import DEFAULT_EXCHANGE
 
 log = logging.getLogger("engine.relay.rabbitmq")
 
-DEFAULT_EXCHANGE = "outbox.events"
 UNAVAILABLE = "broker unavailable"
 
 

@@ -98,6 +98,12 @@ def _command_path(parser: argparse.ArgumentParser, tokens: list[str]) -> list[st
     return path
 
 
+def _command_parser(parser: argparse.ArgumentParser, path: list[str]) -> argparse.ArgumentParser:
+    for name in path:
+        parser = _subcommands(parser)[name]
+    return parser
+
+
 def prepare_argv(parser: Parser, argv: list[str]) -> list[str]:
     """``--dispatch`` becomes the ``dispatch`` command; an option of another command is
     named as such (instead of argparse's "unrecognized arguments")."""
@@ -110,10 +116,7 @@ def prepare_argv(parser: Parser, argv: list[str]) -> list[str]:
         tokens.remove(DISPATCH_ALIAS)
         argv = ["dispatch", *tokens, *argv[end:]]
         tokens, path = argv[: len(tokens) + 1], ["dispatch"]
-    here = parser
-    for name in path:
-        here = _subcommands(here)[name]
-    allowed = _options(here)
+    allowed = _options(_command_parser(parser, path))
     for token in tokens:
         flag = token.split("=", 1)[0]
         if not flag.startswith("--") or flag in allowed:
@@ -136,7 +139,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args_list = prepare_argv(parser, list(sys.argv[1:] if argv is None else argv))
         args = parser.parse_args(args_list)
-        command = " ".join(_command_path(parser, args_list)) or "console"
+        path = _command_path(parser, args_list)
+        command = " ".join(path) or "console"
+        flags = _options(_command_parser(parser, path))
     except UsageError as exc:
         fallback.error(mask_secrets(str(exc)))
         return EXIT_USAGE
@@ -144,7 +149,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def resolved() -> int:
         nonlocal inv
-        inv = resolve(args, command=command, strict_settings=command in STRICT_SETTINGS)
+        inv = resolve(
+            args, command=command, strict_settings=command in STRICT_SETTINGS, flags=flags
+        )
         return EXIT_USAGE if inv is None else 0
 
     status = run_guarded(resolved, fallback)

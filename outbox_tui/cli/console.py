@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from engine.settings import ConsoleSettings
+from engine.settings import ConsoleSettings, OutboxSettings
 from outbox_tui.cli.options import Invocation, add_broker, add_settings
 
 
@@ -17,7 +17,9 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         default=argparse.SUPPRESS,
         help="run the console on a demo database with generated traffic",
     )
-    add_settings(group, ConsoleSettings, ("refresh_seconds",))
+    add_settings(group, ConsoleSettings)
+    # The console's replay dialogs warn about events older than the consumers' window.
+    add_settings(group, OutboxSettings, ("dedup_window_seconds",))
     add_broker(parser)
 
 

@@ -1,5 +1,10 @@
 """``outbox-tui dead-letter list|groups|replay|skip``: inspect dead letters and act on them.
 
+Why one module (about 400 lines): the four subcommands are one command group
+(docs/cli.md documents them together) and share its filter options, the audited
+action's ``--yes``/``--reason``/``--dry-run`` and the dedup-window check; the work
+itself is ``engine.operations``'.
+
 ``groups`` groups failed rows and dead letters by error fingerprint; ``replay --group``
 replays one group's dead letters. Every replay first counts the events older than the
 consumers' dedup window and refuses when there are any, unless

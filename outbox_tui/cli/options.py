@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 import textwrap
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, get_args
 
@@ -152,7 +153,8 @@ class Invocation:
     json: bool
     out: Output
     redact: Redactor = field(default_factory=Redactor)
-    # A bad dispatcher setting a read-only command went on without (None: all fine).
+    # A bad dispatcher setting a read-only command went on without (None: all fine; a bad
+    # console setting is not kept: no read-only command uses it).
     settings_problem: str | None = None
 
     def opt(self, name: str, default: Any = None) -> Any:
@@ -171,14 +173,24 @@ class Invocation:
         return self.settings.log_level or ("INFO" if self.command == "dispatch" else "WARNING")
 
 
-def resolve(args: argparse.Namespace, *, command: str, strict_settings: bool) -> Invocation:
-    """Settings from flags over ``OUTBOX_...`` variables, and the redacting output."""
+def resolve(
+    args: argparse.Namespace,
+    *,
+    command: str,
+    strict_settings: bool,
+    flags: Collection[str] | None = None,
+) -> Invocation:
+    """Settings from flags over ``OUTBOX_...`` variables, and the redacting output.
+
+    ``flags`` are the command's own options: a settings error names the flag only when
+    the command has it (otherwise just the ``OUTBOX_...`` variable).
+    """
     overrides = {name: getattr(args, name) for name in SETTING_NAMES if hasattr(args, name)}
     problem = None
     if strict_settings:
-        settings = load_settings(**overrides)
+        settings = load_settings(flags=flags, **overrides)
     else:
-        settings, problem = load_settings_for_reading(**overrides)
+        settings, problem = load_settings_for_reading(flags=flags, **overrides)
     redact = Redactor()
     redact.add(settings.database_url)
     redact.add(settings.amqp_url)

@@ -14,7 +14,7 @@ from textual import on, work
 
 from engine.errors import OutboxError
 from engine.insights import EventFilter
-from engine.operations import replay, skip
+from engine.operations import plan_replay_matching, replay, skip
 from engine.schema import DEAD_LETTER
 from outbox_tui.messages import (
     ActionFailed,
@@ -95,16 +95,18 @@ class DeadLetterActions(ConsoleScreen):
                 severity="warning",
             )
             return
-        self._prepare_replay(replace(view.filter, statuses=(DEAD_LETTER,)))
+        self._prepare_replay(view.filter)
 
     @work(exclusive=True, group="replay", exit_on_error=False)
     async def _prepare_replay(self, flt: EventFilter) -> None:
+        """The CLI's ``dead-letter replay --all`` plan: every dead letter ``flt`` matches."""
+        console = self.console_app
         try:
-            summary = await self.console_app.db(self.console_app.insights.match_events(flt))
+            plan = await console.db(plan_replay_matching(console.insights, flt))
         except OutboxError as exc:
             self.post_message(ActionFailed("Replay", one_line(exc)))
             return
-        self.post_message(ReplayPrepared(flt, summary.total, dict(summary.by_type), summary.ids))
+        self.post_message(ReplayPrepared(flt, plan.matched, dict(plan.by_type), tuple(plan.ids)))
 
     @on(ReplayPrepared)
     def _replay_prepared(self, message: ReplayPrepared) -> None:

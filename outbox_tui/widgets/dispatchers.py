@@ -13,6 +13,7 @@ from textual.content import Content
 from textual.widgets import DataTable, Static
 
 from engine.insights import HeartbeatView, UnservedType
+from outbox_tui import PROG
 from outbox_tui.widgets.format import (
     compact,
     count,
@@ -48,7 +49,7 @@ CELL_PADDING = 2  # DataTable's default cell_padding, on both sides of a cell
 
 MAX_ROWS = 5
 NO_HEARTBEAT = (
-    "No dispatcher has written a heartbeat yet. Run `outbox-tui --dispatch` "
+    f"No dispatcher has written a heartbeat yet. Run `{PROG} --dispatch` "
     "or press s to start one here."
 )
 

@@ -177,3 +177,12 @@ async def test_passwords_are_never_printed(cli: Cli, pg_url: str) -> None:
     )
     bad_login.assert_one_error_line("password authentication failed", status=1)
     assert wrong not in bad_login.output
+
+
+def test_the_engine_and_the_front_end_name_the_same_program() -> None:
+    """The engine's hints (``outbox-tui init-db``) and the CLI's ``PROG`` cannot drift."""
+    from engine.database import INIT_DB, PROGRAM
+    from outbox_tui import PROG
+
+    assert PROGRAM == PROG
+    assert f"{PROG} init-db" == INIT_DB

@@ -48,16 +48,22 @@ def test_settings_errors_name_a_flag_that_exists(
     [
         ("stats", "--json"),
         ("--dispatch", "--installed-app", APP, "--max-iterations", "2", "--json"),
+        # Text mode: rich's consoles meet the closed pipe (``| head -1``, ``| true``).
+        ("stats",),
+        ("dead-letter", "list"),
+        ("dead-letter", "groups"),
+        ("--dispatch", "--installed-app", APP, "--max-iterations", "2"),
+        ("dispatch-once", "--installed-app", APP),
     ],
 )
-def test_a_closed_pipe_ends_the_command_quietly(cli: Cli, orders_url: str, args) -> None:
+def test_a_closed_pipe_ends_the_command_quietly(cli: Cli, dead_letters_url: str, args) -> None:
     read, write = os.pipe()
     os.close(read)  # the reader is gone before the first line: every write meets EPIPE
     try:
         result = subprocess.run(
             cli.command(*args),
             cwd=cli.cwd,
-            env=cli_env(OUTBOX_DATABASE_URL=orders_url),
+            env=cli_env(OUTBOX_DATABASE_URL=dead_letters_url),
             stdout=write,
             stderr=subprocess.PIPE,
             text=True,

@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import ARRAY, Text, bindparam, func, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 
-from engine import insights, pauses, store
+from engine import dispatch_health, insights, pauses, store
 from engine.schema import UtcDateTime
 from engine.schema import outbox_events as t
 
@@ -106,7 +106,7 @@ async def test_the_claim_walks_keys_and_unordered_rows_through_their_indexes(
 
 
 async def test_blocked_heads_are_found_through_the_stalled_index(db):
-    plan = await _text_plan(db, insights._blocked_heads_sql(db.dialect.name), {})
+    plan = await _text_plan(db, dispatch_health.blocked_heads_sql(db.dialect.name), {})
     _assert_no_table_scan(plan)
     assert "ix_outbox_events_key_stalled" in plan
     assert "ix_outbox_events_key_order" in plan
