@@ -23,7 +23,7 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.message import Message
-from textual.widgets import DataTable, Footer, Static
+from textual.widgets import DataTable, Static
 
 from engine.error_groups import ErrorGroup, ErrorGroups
 from engine.errors import OutboxError
@@ -32,6 +32,7 @@ from outbox_tui.screens.base import ConsoleScreen
 from outbox_tui.screens.confirm import Confirmation, ConfirmModal
 from outbox_tui.screens.dead_letter_actions import replay_body
 from outbox_tui.screens.incident_actions import dedup_line, with_warning
+from outbox_tui.widgets.footer import ConsoleFooter
 from outbox_tui.widgets.format import MUTED_STYLE, age, one_line, timestamp
 
 
@@ -74,7 +75,7 @@ class ErrorGroupsScreen(ConsoleScreen):
         yield Static("Error groups: loading…", id="groups-title")
         yield DataTable(id="groups", cursor_type="row", zebra_stripes=True)
         yield Static("", id="group-summary")
-        yield Footer()
+        yield ConsoleFooter()
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)

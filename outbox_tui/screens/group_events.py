@@ -17,7 +17,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.reactive import reactive
-from textual.widgets import DataTable, Footer, Static
+from textual.widgets import DataTable, Static
 
 from engine.error_groups import ErrorGroup, GroupMember, GroupMembers
 from engine.errors import OutboxError
@@ -26,6 +26,7 @@ from engine.schema import DEAD_LETTER
 from outbox_tui.messages import DetailLoaded
 from outbox_tui.screens.base import ConsoleScreen
 from outbox_tui.widgets.event_detail import EventDetailPane
+from outbox_tui.widgets.footer import ConsoleFooter
 from outbox_tui.widgets.format import age, one_line, short_id, status_text
 
 #: Rows listed at most (newest first); the title says when there are more.
@@ -62,7 +63,7 @@ class GroupEventsScreen(ConsoleScreen):
             with Vertical(id="list"):
                 yield DataTable(id="group-events", cursor_type="row", zebra_stripes=True)
             yield EventDetailPane(id="detail")
-        yield Footer()
+        yield ConsoleFooter()
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
