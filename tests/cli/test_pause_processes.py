@@ -120,6 +120,12 @@ async def test_a_pause_holds_every_dispatcher_from_its_next_round_until_resumed(
         "tests.cli.counting_app",
         "--batch-size",
         str(BATCH),
+        # the handlers are held while the pause is made (a CLI process): on a loaded machine
+        # that can take longer than the default 10 s timeout, which would fail them
+        "--handler-timeout-seconds",
+        "60",
+        "--lease-seconds",
+        "120",
         "--idle-sleep-seconds",
         "0.05",
         "--heartbeat-seconds",
