@@ -113,7 +113,8 @@ class ErrorGroup:
     statuses: Counter[str] = field(default_factory=Counter)
     event_types: Counter[str] = field(default_factory=Counter)
     tenants: Counter[str] = field(default_factory=Counter)
-    # created_at of the group's oldest and newest event
+    # created_at of the group's oldest and newest event: outbox_events stores no failure
+    # time (no updated or failed-at column), so "seen" is when those events were written.
     first_seen: datetime | None = None
     last_seen: datetime | None = None
     example_error: str | None = None  # one row's error text as stored
@@ -148,6 +149,18 @@ class ErrorGroups:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupMember:
+    """One row of a group, as the console's list of a group's events shows it."""
+
+    id: str
+    status: str
+    event_type: str
+    tenant_id: str
+    created_at: datetime | None
+    error: str | None  # the text it was grouped by, as stored
+
+
+@dataclass(frozen=True, slots=True)
 class GroupMembers:
     """The rows of one group now: ids (oldest first) by status, and counts by type."""
 
@@ -155,6 +168,7 @@ class GroupMembers:
     ids: tuple[str, ...]
     dead_letter_ids: tuple[str, ...]
     by_type: dict[str, int]
+    members: tuple[GroupMember, ...] = ()  # the rows themselves, oldest first
 
 
 _COLUMNS = (
@@ -260,6 +274,17 @@ async def group_members(
         ids=tuple(r.id for r in members),
         dead_letter_ids=tuple(r.id for r in members if r.status == DEAD_LETTER),
         by_type=dict(Counter(r.event_type for r in members).most_common()),
+        members=tuple(
+            GroupMember(
+                r.id,
+                r.status,
+                r.event_type,
+                r.tenant_id,
+                r.created_at,
+                error_text(r.last_error, r.dead_letter_reason),
+            )
+            for r in members
+        ),
     )
 
 

@@ -233,6 +233,15 @@ async def paused_backlog(engine: AsyncEngine) -> list[PausedBacklog]:
     return found
 
 
+async def waiting(engine: AsyncEngine, event_type: str, tenant_id: str | None = None) -> int:
+    """How many events of a type (and tenant) wait now, pending or failed: what a pause
+    of that scope would hold back (the count the pause dialog shows before pausing)."""
+    stored = _scope(event_type, tenant_id)
+    async with storage_errors(engine.url), read_only_engine(engine).connect() as conn:
+        stmt = waiting_count(event_type, None if stored == ALL_TENANTS else stored)
+        return int((await conn.execute(stmt)).scalar_one())
+
+
 def waiting_count(event_type: str, tenant_id: str | None) -> Any:
     """The count of pending and failed events of a type (and tenant): index-backed."""
     stmt = (

@@ -6,6 +6,12 @@ palette title and hint, and the line of the help screen. ``bindings()``,
 drift apart. Adding a view or an action is one row here plus its ``action_*``
 method. Rows without an action are keys of other widgets (dialogs, the table),
 listed in the help only.
+
+The footer: ``footer`` is a key's place, in order of importance, and ``footer_from``
+the terminal width it needs. At 80 columns the footer shows the incident keys
+(r R k g p s ? q); from 100 the filter and dead letters; from 140 the other views
+and the palette hint; from 160 paging (``outbox_tui.widgets.footer``). The app's
+keys (``?``, ``q``) are bound on the main screen too, so they keep their place.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ class ConsoleAction:
     hint: str = ""  # the palette's second line
     label: str = ""  # the footer label
     footer: int | None = None  # place in the footer; None: not shown there
+    footer_from: int = 0  # the terminal width (columns) from which the footer shows it
     display: str | None = None  # how the help and palette write the key ("/")
     binding_id: str | None = None
 
@@ -48,8 +55,9 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         "Show events",
         "every event, newest first",
         "Events",
-        0,
+        footer=10,
         binding_id="events",
+        footer_from=140,
     ),
     A(
         "show_dead_letters",
@@ -59,8 +67,9 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         "Show dead letters",
         "events that need an operator",
         "Dead letters",
-        1,
+        footer=9,
         binding_id="dead-letters",
+        footer_from=100,
     ),
     A(
         "show_blocked_keys",
@@ -70,8 +79,9 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         "Show blocked keys",
         "ordering keys held back by their head",
         "Blocked keys",
-        2,
+        footer=11,
         binding_id="blocked-keys",
+        footer_from=140,
     ),
     A(
         "show_key_events",
@@ -87,9 +97,11 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         "show_error_groups",
         "g",
         VIEWS,
-        "error groups: failures grouped by error (R there replays a group, asks first)",
+        "error groups: failures grouped by error (enter lists a group's events, R replays one)",
         "Show error groups",
         "which failures are the same failure",
+        "Groups",
+        footer=3,
         binding_id="error-groups",
     ),
     A(
@@ -120,9 +132,10 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         "Older page",
         "keyset paging",
         "Older",
-        8,
+        footer=12,
         display="] / [",
         binding_id="older",
+        footer_from=160,
     ),
     A(
         "newer_page",
@@ -132,9 +145,10 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         "Newer page",
         "keyset paging",
         "Newer",
-        9,
+        footer=13,
         display="[",
         binding_id="newer",
+        footer_from=160,
     ),
     A("first_page", "home", VIEWS, "back to the newest page", label="Newest"),
     A(
@@ -145,9 +159,10 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         "Filter…",
         "by status, type, tenant, aggregate id, ordering key",
         "Filter",
-        3,
+        footer=8,
         display="/",
         binding_id="filter",
+        footer_from=100,
     ),
     A(None, None, FILTER, "in the filter dialog: clear every field", display="ctrl+l"),
     A("clear_filter", None, FILTER, None, "Clear filter", "show everything in the current view"),
@@ -159,7 +174,7 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         "Replay highlighted dead letter",
         "asks before it changes anything",
         "Replay",
-        4,
+        footer=0,
         binding_id="replay",
     ),
     A(
@@ -170,7 +185,7 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         "Replay all matching dead letters",
         "asks first",
         "Replay all",
-        5,
+        footer=1,
         binding_id="replay-all",
     ),
     A(
@@ -181,7 +196,7 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         "Skip highlighted dead letter",
         "release its ordering key; asks",
         "Skip",
-        6,
+        footer=2,
         binding_id="skip",
     ),
     A(
@@ -191,6 +206,8 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         "pause or resume delivery of the highlighted event's type (asks first)",
         "Pause or resume the highlighted type",
         "every dispatcher obeys it; asks first",
+        "Pause",
+        footer=4,
         binding_id="pause-type",
     ),
     A(
@@ -201,7 +218,7 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         "Start dispatch",
         "run a dispatcher inside the console",
         "Start dispatch",
-        7,
+        footer=5,
         binding_id="start-dispatch",
     ),
     A(
@@ -212,7 +229,7 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         "Stop dispatch",
         "gracefully: the current batch finishes",
         "Stop dispatch",
-        7,
+        footer=5,
         binding_id="stop-dispatch",
     ),
     A(None, None, ACT, "in a confirmation: proceed / cancel (escape cancels too)", display="y / n"),
@@ -225,7 +242,7 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         "this help",
         "Help: keys",
         label="Help",
-        footer=1,
+        footer=6,
         display="?",
         binding_id="help",
     ),
@@ -235,30 +252,54 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         CONSOLE,
         "quit (stops the in-process dispatcher gracefully first)",
         label="Quit",
-        footer=0,
+        footer=7,
         binding_id="quit",
     ),
 )
 
 
 def bindings(*, app: bool) -> list[Binding]:
-    """The key bindings of the main screen (``app=False``) or of the app, in footer order."""
+    """The key bindings of the main screen (``app=False``) or of the app, in footer order.
+
+    The main screen binds the app's keys too (as ``app.help``, ``app.quit``): a footer
+    lists the focused screen's keys before the app's, so this keeps them in their place.
+    """
     rows = [
         a
         for a in ACTIONS
-        if a.action is not None and a.key is not None and a.action.startswith("app.") == app
+        if a.action is not None and a.key is not None and (not app or a.action.startswith("app."))
     ]
     rows.sort(key=lambda a: (a.footer is None, a.footer or 0))
     return [
         Binding(
             a.key,  # type: ignore[arg-type]
-            a.action.removeprefix("app."),  # type: ignore[union-attr]
+            a.action.removeprefix("app.") if app else a.action,  # type: ignore[union-attr]
             a.label,
             show=a.footer is not None,
             id=a.binding_id,
         )
         for a in rows
     ]
+
+
+#: The widths the footer's tiers start at (``ConsoleAction.footer_from``), and the
+#: command palette's hint.
+FOOTER_WIDTHS = (100, 140, 160)
+PALETTE_HINT_FROM = 140
+
+
+def footer_widths() -> dict[str, int]:
+    """``{binding action: columns}`` for the keys the footer shows only from a width on.
+
+    The app's actions are listed both ways: ``app.help`` (bound on the main screen)
+    and ``help`` (the app's own binding, on other screens).
+    """
+    widths: dict[str, int] = {}
+    for a in ACTIONS:
+        if a.action is not None and a.footer is not None and a.footer_from:
+            widths[a.action] = a.footer_from
+            widths[a.action.removeprefix("app.")] = a.footer_from
+    return widths
 
 
 def palette_commands() -> list[tuple[str, str, str]]:

@@ -4,7 +4,8 @@ The real app from ``make_app`` runs headless on the deterministic showcase
 database (example orders from a fixed seed, a fixed clock) and goes through the
 same scenes as the snapshot tests: overview, a paused type, events with detail, dead letters,
 the replay confirmation, blocked keys, a blocked head's detail, the skip
-confirmation, help, the filter and the palette; then five of them at 80x24.
+confirmation, help, the filter, the palette, the error groups, the pause confirmation
+and a replay confirmation with the dedup-window warning; then six of them at 80x24.
 Each scene gets a fresh copy of the database.
 
     .venv/bin/python scripts/screenshots.py [--out DIR] [--size 160x45]
@@ -44,10 +45,20 @@ NAMES = {
     "help": "help.svg",
     "filter": "filter.svg",
     "palette": "palette.svg",
+    "error-groups": "error-groups.svg",
+    "confirm-pause": "confirm-pause.svg",
+    "confirm-replay-dedup": "confirm-replay-dedup.svg",
 }
 # At 80x24 too: the terminal operators have.
 SMALL = (80, 24)
-SMALL_SCENES = ("overview", "overview-paused", "events-detail", "confirm-replay", "blocked-keys")
+SMALL_SCENES = (
+    "overview",
+    "overview-paused",
+    "events-detail",
+    "confirm-replay",
+    "blocked-keys",
+    "error-groups",
+)
 
 
 async def shoot(scene: str, out: Path, size: tuple[int, int], name: str) -> Path:

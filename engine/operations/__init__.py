@@ -42,11 +42,13 @@ from engine.operations.incidents import (
     DedupCheck,
     dedup_check,
     error_groups,
+    group_events,
     pause_type,
     paused_backlog,
     plan_replay_of_group,
     replay_of_group,
     resume_type,
+    waiting_of_type,
 )
 from engine.settings import DispatcherSettings
 
@@ -84,6 +86,7 @@ __all__ = [
     "delivery_problem",
     "dispose",
     "error_groups",
+    "group_events",
     "insights_for",
     "load_registry",
     "open_database",
@@ -101,4 +104,5 @@ __all__ = [
     "resume_type",
     "run",
     "skip",
+    "waiting_of_type",
 ]

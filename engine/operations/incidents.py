@@ -9,7 +9,11 @@ numbers the same way:
   look before ``replay_of_group``);
 - ``dedup_check``: how many events of a replay are older than the consumers'
   dedup window (``OutboxSettings.dedup_window_seconds``);
-- ``pause_type`` / ``resume_type``: pause and resume, audited (``engine.pauses``).
+- ``group_events``: every failed row and dead letter of one error group (the
+  console's list of a group; ``dead-letter replay --group`` tells an unknown
+  fingerprint from a group without dead letters with it);
+- ``pause_type`` / ``resume_type``: pause and resume, audited (``engine.pauses``);
+  ``waiting_of_type``: what a pause would hold back now.
 """
 
 from __future__ import annotations
@@ -19,9 +23,16 @@ from datetime import datetime, timedelta
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from engine.error_groups import ErrorGroup, ErrorGroups, error_groups, group_members
+from engine.error_groups import (
+    ErrorGroup,
+    ErrorGroups,
+    GroupMember,
+    GroupMembers,
+    error_groups,
+    group_members,
+)
 from engine.operations.actions import ReplayOutcome, ReplayPlan
-from engine.pauses import Pause, PausedBacklog, pause, paused_backlog, resume
+from engine.pauses import Pause, PausedBacklog, pause, paused_backlog, resume, waiting
 from engine.replay import DEFAULT_DEDUP_WINDOW, DedupCheck, check_dedup_window, replay_group
 from engine.schema import DEAD_LETTER
 
@@ -29,16 +40,20 @@ __all__ = [
     "DedupCheck",
     "ErrorGroup",
     "ErrorGroups",
+    "GroupMember",
+    "GroupMembers",
     "Pause",
     "PausedBacklog",
     "dedup_check",
     "dedup_window",
     "error_groups",
+    "group_events",
     "pause_type",
     "paused_backlog",
     "plan_replay_of_group",
     "replay_of_group",
     "resume_type",
+    "waiting_of_type",
 ]
 
 
@@ -62,6 +77,14 @@ async def plan_replay_of_group(engine: AsyncEngine, fingerprint: str) -> ReplayP
     """The dead letters of the error group ``fingerprint`` now, by type (failed rows retry)."""
     members = await group_members(engine, fingerprint, statuses=(DEAD_LETTER,))
     return ReplayPlan(ids=list(members.dead_letter_ids), by_type=dict(members.by_type))
+
+
+async def group_events(engine: AsyncEngine, fingerprint: str) -> GroupMembers:
+    """Every failed row and dead letter of the group ``fingerprint`` now, oldest first.
+
+    No members: no such group (or it has just been worked off).
+    """
+    return await group_members(engine, fingerprint)
 
 
 async def replay_of_group(
@@ -89,3 +112,8 @@ async def resume_type(
 ) -> Pause:
     """End exactly this pause; ``PauseError`` when it is not paused."""
     return await resume(engine, event_type, tenant_id, reason=reason, operator=operator)
+
+
+async def waiting_of_type(engine: AsyncEngine, event_type: str, tenant_id: str | None) -> int:
+    """How many events of a type (and tenant) wait now: what a pause would hold back."""
+    return await waiting(engine, event_type, tenant_id)

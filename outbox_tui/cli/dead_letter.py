@@ -27,6 +27,7 @@ from engine.insights import EventFilter
 from engine.operations import (
     dedup_check,
     error_groups,
+    group_events,
     insights_for,
     open_database,
     plan_replay_matching,
@@ -298,6 +299,14 @@ async def replay_dead_letters(inv: Invocation) -> int:
             plan = await plan_replay_matching(insights, flt)
         elif args.group:
             plan = await plan_replay_of_group(engine, args.group)
+            if not plan.ids:  # an unknown fingerprint, or a group of failed rows only
+                report.group_failed = len((await group_events(engine, args.group)).ids)
+                if not report.group_failed:
+                    inv.out.error(
+                        f"no error group has the fingerprint {args.group!r}: nothing replayed "
+                        f"(`{PROG} dead-letter groups` lists them)"
+                    )
+                    return EXIT_FAILURE
         else:
             plan = await plan_replay_of_ids(insights, args.event_ids)
         report.matched, report.by_type, report.refused = plan.matched, plan.by_type, plan.refused
@@ -364,6 +373,12 @@ def _print_replay(inv: Invocation, report: ReplayReport) -> None:
         inv.out.json(report.as_dict())
         return
     if not report.dry_run and not report.matched and not report.refused:
+        if report.group_failed:
+            inv.out.say(
+                f"nothing to replay: the group has {report.group_failed:,} failed rows and "
+                "no dead letters (failed rows retry by themselves)"
+            )
+            return
         inv.out.say("nothing to replay: no dead letters match")
         return
     warning = output.dedup_warning(report)

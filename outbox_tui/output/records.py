@@ -154,6 +154,7 @@ class ReplayReport:
     # Set when the replay was refused as a whole (outside the dedup window).
     refused_all: str | None = None
     dedup_note: str | None = None  # engine.replay.DedupCheck.warning(), for people
+    group_failed: int = 0  # --group without dead letters: its failed rows (they retry)
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -52,6 +52,7 @@ class ConfirmModal(ModalScreen[Confirmation | None]):
         confirm_label: str,
         ask_reason: bool = False,
         reason_placeholder: str = "why (kept in the replay audit log)",
+        reason_label: str = "Reason (optional)",
     ) -> None:
         super().__init__(classes="dialog-screen")
         self.title_text = title
@@ -59,13 +60,14 @@ class ConfirmModal(ModalScreen[Confirmation | None]):
         self.confirm_label = confirm_label
         self.ask_reason = ask_reason
         self.reason_placeholder = reason_placeholder
+        self.reason_label = reason_label
 
     def compose(self) -> ComposeResult:
         with Vertical(id="confirm-dialog", classes="dialog"):
             yield Label(Content(self.title_text), id="confirm-title", classes="dialog-title")
             yield Static(self.body, id="confirm-body")
             if self.ask_reason:
-                yield Label("Reason (optional)", classes="field-label")
+                yield Label(self.reason_label, id="reason-label", classes="field-label")
                 yield TextField(
                     placeholder=self.reason_placeholder,
                     id="reason",

@@ -16,7 +16,13 @@ from textual import on, work
 from textual.message import Message
 
 from engine.errors import OutboxError
-from engine.operations import dedup_check, pause_type, paused_backlog, resume_type
+from engine.operations import (
+    dedup_check,
+    pause_type,
+    paused_backlog,
+    resume_type,
+    waiting_of_type,
+)
 from engine.pauses import PausedBacklog, describe_scope
 from outbox_tui.messages import ActionFailed
 from outbox_tui.screens.base import ConsoleScreen
@@ -127,7 +133,15 @@ class IncidentActions(ConsoleScreen):
             (h for h in held if h.pause.event_type == event_type and h.pause.tenant_id is None),
             None,
         )
-        waiting = mine.waiting if mine is not None else 0
+        try:
+            waiting = (
+                mine.waiting
+                if mine is not None
+                else await console.db(waiting_of_type(console.engine, event_type, None))
+            )
+        except OutboxError as exc:
+            self.post_message(ActionFailed("Pause", one_line(exc)))
+            return
         self.post_message(PausePrepared(event_type, mine, waiting))
 
     @on(PausePrepared)
@@ -140,6 +154,7 @@ class IncidentActions(ConsoleScreen):
                 confirm_label="Resume" if resuming else "Pause",
                 ask_reason=True,
                 reason_placeholder="why (kept in the pause audit log)",
+                reason_label="Reason (optional)" if resuming else "Reason (required)",
             ),
             lambda decision: self._pause_decided(decision, message),
         )

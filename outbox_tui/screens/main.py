@@ -26,7 +26,7 @@ from textual.containers import Horizontal, Vertical
 from textual.content import Content
 from textual.reactive import reactive
 from textual.timer import Timer
-from textual.widgets import Footer, Static
+from textual.widgets import Static
 from textual.worker import Worker, WorkerState
 
 from engine.errors import OutboxError
@@ -66,6 +66,7 @@ from outbox_tui.screens.browser import (
 from outbox_tui.screens.dead_letter_actions import DeadLetterActions
 from outbox_tui.screens.dispatch_switch import DispatchSwitch
 from outbox_tui.screens.incident_actions import IncidentActions
+from outbox_tui.widgets.footer import ConsoleFooter
 
 THROUGHPUT_POINTS = 60
 TREND_SAMPLES = 120  # two minutes at the default refresh of one second
@@ -122,7 +123,7 @@ class MainScreen(EventBrowser, DeadLetterActions, DispatchSwitch, IncidentAction
                 yield BlockedKeysTable(id="blocked-keys")
                 yield Static("", id="empty-list")
             yield EventDetailPane(id="detail")
-        yield Footer()
+        yield ConsoleFooter()
 
     def on_mount(self) -> None:
         self.console_app.dispatch.on_exit = self._dispatch_exited

@@ -48,7 +48,8 @@ class EventTable(DataTable[Text | str]):
     """Rows keyed by event id; ``enter`` asks for the detail of the highlighted one."""
 
     BINDINGS = [  # noqa: RUF012 - Textual's declaration style
-        Binding("enter", "select_cursor", "Detail", id="detail"),
+        # enter has an obvious meaning: the footer keeps its room for the incident keys
+        Binding("enter", "select_cursor", "Detail", id="detail", show=False),
         # DataTable's home only scrolls; here it also returns to the newest page.
         Binding("home", "screen.first_page", "Newest", show=False),
     ]

@@ -116,6 +116,26 @@ async def test_replay_a_group(cli: Cli, dead_letters_url: str) -> None:
     mixed.assert_one_error_line("--tenant", status=2)
 
 
+async def test_a_group_replay_of_an_unknown_fingerprint_says_so(
+    cli: Cli, dead_letters_url: str
+) -> None:
+    env = _env(dead_letters_url)
+    before = await status_counts(dead_letters_url)
+    for extra in ((), ("--json",), ("--dry-run",)):
+        unknown = cli("dead-letter", "replay", "--group", "000000000000", "--yes", *extra, env=env)
+        unknown.assert_one_error_line("no error group has the fingerprint '000000000000'", status=1)
+        assert unknown.stdout == ""
+    assert await status_counts(dead_letters_url) == before
+
+    # A group of failed rows only is known: nothing to replay, and that is not an error.
+    groups = cli("dead-letter", "groups", "--json", env=env).json()["groups"]
+    retrying = [g for g in groups if not g["statuses"].get(DEAD_LETTER)]
+    for group in retrying[:1]:
+        done = cli("dead-letter", "replay", "--group", group["fingerprint"], "--yes", env=env)
+        assert done.returncode == 0, done
+        assert f"the group has {group['count']:,} failed rows and no dead letters" in done.stdout
+
+
 # -- the dedup window ------------------------------------------------------------------
 
 

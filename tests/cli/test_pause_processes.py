@@ -1,5 +1,6 @@
-"""A pause made while two dispatcher processes run: from their next round nothing of the
-paused type is claimed (it stays pending, no attempt spent), and after the resume it drains."""
+"""A pause made while two dispatcher processes work a backlog: the batches in flight finish,
+from the next round nothing of the paused type is claimed (it stays pending, no attempt
+spent), and after the resume it drains."""
 
 from __future__ import annotations
 
@@ -20,12 +21,13 @@ from engine import (
 )
 from engine.insights import OutboxInsights
 from engine.publisher import OutboxEvent
-from engine.schema import PENDING, outbox_events
+from engine.schema import PENDING, PUBLISHING, outbox_events
 from tests.cli import counting_app
 from tests.cli.conftest import Cli, read_json_lines, status_counts
 
 REPO = Path(__file__).resolve().parents[2]
 EVENTS = 40
+BATCH = 5  # each process holds one batch of 5 when the pause is made; 30 stay pending
 WORKERS = ("worker-1", "worker-2")
 
 
@@ -73,16 +75,39 @@ async def _attempts(url: str) -> int:
         await engine.dispose()
 
 
+async def _claimed(url: str) -> dict[str, tuple[str, int]]:
+    """Every row that has been claimed at least once: ``{id: (status, attempts)}``."""
+    engine = create_engine(url)
+    try:
+        async with engine.connect() as conn:
+            t = outbox_events
+            rows = await conn.execute(
+                select(t.c.id, t.c.status, t.c.attempt_count).where(t.c.attempt_count > 0)
+            )
+            return {r.id: (r.status, r.attempt_count) for r in rows}
+    finally:
+        await engine.dispose()
+
+
+async def _until(what: str, check, seconds: float = 60) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + seconds
+    while not await check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.05)
+
+
 async def test_a_pause_holds_every_dispatcher_from_its_next_round_until_resumed(
     database_url: str, cli: Cli, tmp_path: Path
 ) -> None:
+    """A backlog is being worked by two processes when the pause is made: the batches in
+    flight finish, and from the next round nothing more of the type is claimed."""
     engine = create_engine(database_url)
     try:
         await create_schema(engine)
     finally:
         await engine.dispose()
-    log, go = tmp_path / "handled.log", tmp_path / "go"
-    go.touch()  # handlers do not wait
+    await _publish(database_url, EVENTS)  # the backlog is there before the pause
+    log, go = tmp_path / "handled.log", tmp_path / "go"  # handlers wait until go exists
     env = {
         "OUTBOX_DATABASE_URL": database_url,
         "COUNTING_APP_LOG": str(log),
@@ -93,6 +118,14 @@ async def test_a_pause_holds_every_dispatcher_from_its_next_round_until_resumed(
         "--dispatch",
         "--installed-app",
         "tests.cli.counting_app",
+        "--batch-size",
+        str(BATCH),
+        # the handlers are held while the pause is made (a CLI process): on a loaded machine
+        # that can take longer than the default 10 s timeout, which would fail them
+        "--handler-timeout-seconds",
+        "60",
+        "--lease-seconds",
+        "120",
         "--idle-sleep-seconds",
         "0.05",
         "--heartbeat-seconds",
@@ -100,11 +133,15 @@ async def test_a_pause_holds_every_dispatcher_from_its_next_round_until_resumed(
         "--json",
     )
     procs = [cli.popen(*args, "--instance-id", w, env=env) for w in WORKERS]
+    db = {"OUTBOX_DATABASE_URL": database_url}
     try:
         for proc in procs:
             assert next(read_json_lines(proc))["event"] == "started"
-        await _rounds_later(database_url, 1)  # both are in their loop
 
+        async def both_hold_a_batch() -> bool:
+            return (await status_counts(database_url)).get(PUBLISHING, 0) == 2 * BATCH
+
+        await _until("both dispatchers holding a claimed batch", both_hold_a_batch)
         paused = cli(
             "pause",
             "--event-type",
@@ -112,30 +149,33 @@ async def test_a_pause_holds_every_dispatcher_from_its_next_round_until_resumed(
             "--reason",
             "vendor down",
             "--yes",
-            env={"OUTBOX_DATABASE_URL": database_url},
+            env=db,
         )
         assert paused.returncode == 0, paused
-        await _rounds_later(database_url, 1)  # the round that read the pause
-        await _publish(database_url, EVENTS)
-        await _rounds_later(database_url, 3)  # each has claimed three times since
+        go.touch()  # the batches in flight finish as usual
+        await _rounds_later(database_url, 1)  # the round after them read the pause
+        in_flight = await _claimed(database_url)
+        assert len(in_flight) == 2 * BATCH
+        assert {status for status, _ in in_flight.values()} == {"published"}
+        await _rounds_later(database_url, 3)  # each has claimed three more times since
 
-        assert await status_counts(database_url) == {PENDING: EVENTS}
-        assert await _attempts(database_url) == 0
-        assert not log.exists() or log.read_text() == ""
+        assert await _claimed(database_url) == in_flight  # nothing more claimed
+        assert await status_counts(database_url) == {
+            "published": 2 * BATCH,
+            PENDING: EVENTS - 2 * BATCH,
+        }
+        assert await _attempts(database_url) == 2 * BATCH
+        assert len(log.read_text().splitlines()) == 2 * BATCH
 
-        resumed = cli(
-            "resume",
-            "--event-type",
-            counting_app.EVENT_TYPE,
-            "--yes",
-            env={"OUTBOX_DATABASE_URL": database_url},
-        )
+        resumed = cli("resume", "--event-type", counting_app.EVENT_TYPE, "--yes", env=db)
         assert resumed.returncode == 0, resumed
-        deadline = time.monotonic() + 60
-        while (await status_counts(database_url)).get("published", 0) < EVENTS:
-            assert time.monotonic() < deadline, await status_counts(database_url)
-            await asyncio.sleep(0.1)
+
+        async def drained() -> bool:
+            return (await status_counts(database_url)).get("published", 0) == EVENTS
+
+        await _until("the backlog drained after the resume", drained)
     finally:
+        go.touch()
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
         for proc in procs:
@@ -143,3 +183,4 @@ async def test_a_pause_holds_every_dispatcher_from_its_next_round_until_resumed(
     assert [proc.returncode for proc in procs] == [0, 0]
     assert await status_counts(database_url) == {"published": EVENTS}
     assert len(log.read_text().splitlines()) == EVENTS
+    assert await _attempts(database_url) == EVENTS  # one attempt each: no retry, no loss

@@ -379,6 +379,47 @@ async def scene_palette(pilot: Pilot[object], clock: FixedClock) -> None:
     await _wait(pilot, lambda: isinstance(app.screen, CommandPalette), "the palette")
 
 
+async def scene_error_groups(pilot: Pilot[object], clock: FixedClock) -> None:
+    from outbox_tui.screens.error_groups import ErrorGroupsScreen
+
+    app = await _first_refresh(pilot)
+    await pilot.press("g")
+    screen = app.screen
+    assert isinstance(screen, ErrorGroupsScreen)
+    await _wait(pilot, lambda: screen.loads > 0, "the groups")
+
+
+async def scene_confirm_pause(pilot: Pilot[object], clock: FixedClock) -> None:
+    app = await _first_refresh(pilot)
+    await pilot.press("p")
+    await _wait(pilot, lambda: isinstance(app.screen, ConfirmModal), "the dialog")
+
+
+async def _age_oldest_dead_letters(count: int, days: int) -> None:
+    """Make the ``count`` oldest dead letters ``days`` old: outside the 7-day dedup window."""
+    engine = create_engine(SHOWCASE_URL)
+    try:
+        async with engine.begin() as conn:
+            t = outbox_events
+            oldest = select(t.c.id).where(t.c.status == DEAD_LETTER).order_by(t.c.id).limit(count)
+            ids = list((await conn.execute(oldest)).scalars())
+            when = NOW - timedelta(days=days)
+            await conn.execute(update(t).where(t.c.id.in_(ids)).values(created_at=when))
+    finally:
+        await engine.dispose()
+
+
+async def scene_confirm_replay_dedup(pilot: Pilot[object], clock: FixedClock) -> None:
+    """The bulk replay dialog when 3 of the dead letters are older than the dedup window."""
+    await _age_oldest_dead_letters(3, days=9)
+    app = await _first_refresh(pilot)
+    await _refreshed(pilot)
+    await pilot.press("d")
+    await _wait(pilot, lambda: app.main.query_one(EventTable).mode == "dead_letters", "d")
+    await pilot.press("R")
+    await _wait(pilot, lambda: isinstance(app.screen, ConfirmModal), "the dialog")
+
+
 SCENES: dict[str, Callable[[Pilot[object], FixedClock], Awaitable[None]]] = {
     "overview": scene_overview,
     "overview-paused": scene_overview_paused,
@@ -391,6 +432,9 @@ SCENES: dict[str, Callable[[Pilot[object], FixedClock], Awaitable[None]]] = {
     "help": scene_help,
     "filter": scene_filter,
     "palette": scene_palette,
+    "error-groups": scene_error_groups,
+    "confirm-pause": scene_confirm_pause,
+    "confirm-replay-dedup": scene_confirm_replay_dedup,
 }
 # The sizes operators have (80x24), the one the screenshots use, and a big terminal.
 SIZES = {"80x24": (80, 24), "160x45": SIZE, "160x48": (160, 48)}

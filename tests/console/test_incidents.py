@@ -1,20 +1,27 @@
-"""The console's incident keys: g (error groups, R replays one), p (pause and resume the
-highlighted type), and the dedup-window warning in the replay dialogs."""
+"""The console's incident keys: g (error groups, enter lists a group's events, R replays
+one), p (pause and resume the highlighted type, counting what waits), the dedup-window
+warning in the replay dialogs, and a footer that shows them at 80 columns."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
 from sqlalchemy import update
-from textual.widgets import Static
+from textual.widgets import DataTable, Label, Static
+from textual.widgets._footer import FooterKey
 
 from engine import create_engine
 from engine.clock import utc_now
-from engine.pauses import paused_backlog
+from engine.pauses import paused_backlog, waiting
 from engine.schema import DEAD_LETTER, outbox_events
 from outbox_tui.screens.confirm import ConfirmModal
 from outbox_tui.screens.error_groups import ErrorGroupsScreen
+from outbox_tui.screens.group_events import GroupEventsScreen
+from outbox_tui.widgets.event_detail import EventDetailPane
+from outbox_tui.widgets.footer import ConsoleFooter
 from tests.console.conftest import SIZE, console, counts, started, until
+
+SMALL = (80, 24)
 
 
 async def _pauses(url: str) -> list[str]:
@@ -157,3 +164,104 @@ async def test_p_pauses_and_resumes_the_highlighted_type(seeded_url, orders_regi
         await until(pilot, lambda: not isinstance(app.screen, ConfirmModal), "the dialog closed")
         await app.workers.wait_for_complete()
         assert await _pauses(seeded_url) == []
+
+
+async def _waiting(url: str, event_type: str) -> int:
+    engine = create_engine(url)
+    try:
+        return await waiting(engine, event_type)
+    finally:
+        await engine.dispose()
+
+
+async def test_enter_lists_a_groups_events_and_opens_their_detail(sqlite_seeded, orders_registry):
+    app = console(sqlite_seeded, orders_registry)
+    async with app.run_test(size=SMALL) as pilot:
+        await started(pilot)
+        await pilot.press("g")
+        groups = app.screen
+        assert isinstance(groups, ErrorGroupsScreen)
+        await until(pilot, lambda: groups.loads > 0, "the groups")
+        group = groups.found.groups[0]  # type: ignore[union-attr]
+        table = groups.query_one("#groups", DataTable)
+        labels = [str(c.label) for c in table.columns.values()]
+        assert labels[:6] == ["count", "dead", "oldest", "newest", "types", "tenants"]
+        # the highlighted group in full under the table: every tenant, the fingerprint
+        summary = str(groups.query_one("#group-summary", Static).render())
+        assert group.fingerprint in summary
+        assert all(tenant in summary for tenant in group.tenants)
+
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, GroupEventsScreen), "the group's events")
+        events = app.screen
+        assert isinstance(events, GroupEventsScreen)
+        await until(pilot, lambda: events.loads > 0, "the events")
+        assert len(events.members) == group.count
+        assert {m.event_type for m in events.members} == set(group.event_types)
+        assert {m.tenant_id for m in events.members} == set(group.tenants)
+        rows = events.query_one("#group-events", DataTable)
+        assert rows.row_count == group.count
+        assert events.members[0].error and events.members[0].error in str(rows.get_row_at(0)[-1])
+
+        await pilot.press("down", "enter")  # the detail of the second event
+        pane = events.query_one(EventDetailPane)
+        wanted = events.members[1].id
+        await until(pilot, lambda: pane.event_id == wanted and pane.detail, "the detail")
+        await pilot.press("escape")  # closes the detail first
+        assert app.screen is events and not events.detail_open
+        await pilot.press("escape")  # then back to the groups
+        assert app.screen is groups
+        await pilot.press("escape")
+        assert app.screen is app.main
+
+
+async def test_the_pause_dialog_counts_what_waits_and_asks_for_a_reason(
+    seeded_url, orders_registry
+):
+    app = console(seeded_url, orders_registry)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot)
+        event_type = app.main._target().kind.rsplit(" v", 1)[0]
+        expected = await _waiting(seeded_url, event_type)
+        assert expected > 0
+        await pilot.press("p")
+        await _dialog(pilot, app, "the pause dialog")
+        assert f"waiting now   {expected:,} events" in _body(app)
+        label = str(app.screen.query_one("#reason-label", Label).render())
+        assert label == "Reason (required)"
+        await pilot.press(*"vendor down", "enter", "y")
+        await until(pilot, lambda: not isinstance(app.screen, ConfirmModal), "the dialog closed")
+        await app.workers.wait_for_complete()
+
+        await pilot.press("p")
+        await _dialog(pilot, app, "the resume dialog")
+        assert f"{expected:,} events" in _body(app)
+        label = str(app.screen.query_one("#reason-label", Label).render())
+        assert label == "Reason (optional)"
+        await pilot.press("y")
+        await until(pilot, lambda: not isinstance(app.screen, ConfirmModal), "the dialog closed")
+
+
+def _footer(screen: object) -> list[str]:
+    """The footer's keys as shown: ``["r Replay", ...]`` (hidden ones left out)."""
+    keys = screen.query(FooterKey)  # type: ignore[attr-defined]
+    return [f"{k.key_display} {k.description}".strip() for k in keys if k.display]
+
+
+async def test_the_footer_shows_the_incident_keys_whole_at_80_columns(
+    sqlite_seeded, orders_registry
+):
+    app = console(sqlite_seeded, orders_registry)
+    async with app.run_test(size=SMALL) as pilot:
+        await started(pilot)
+        await pilot.pause()
+        shown = _footer(app.main)
+        assert [s.split()[0] for s in shown] == ["r", "R", "g", "p", "s", "?", "q"]
+        footer = app.main.query_one(ConsoleFooter)
+        assert sum(k.outer_size.width for k in footer.query(FooterKey) if k.display) <= 80
+        await pilot.resize_terminal(160, 48)
+        await pilot.pause()
+        await pilot.pause()
+        wide = [s.split()[0] for s in _footer(app.main)]
+        assert wide[:7] == ["r", "R", "g", "p", "s", "?", "q"]
+        assert {"/", "d", "e", "b", "^p"} <= set(wide)

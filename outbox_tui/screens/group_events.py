@@ -1,0 +1,185 @@
+"""One error group's events (``enter`` in the groups view): which events failed this way.
+
+The rows come from ``engine.operations.group_events`` (every failed row and dead
+letter of the group now, read in full; newest first here, at most ``SHOWN``).
+``enter`` opens the highlighted event's detail beside the list (over it below 100
+columns), as on the main screen; ``escape`` closes the detail, then goes back to
+the groups.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.message import Message
+from textual.reactive import reactive
+from textual.widgets import DataTable, Static
+
+from engine.error_groups import ErrorGroup, GroupMember, GroupMembers
+from engine.errors import OutboxError
+from engine.operations import group_events
+from engine.schema import DEAD_LETTER
+from outbox_tui.messages import DetailLoaded
+from outbox_tui.screens.base import ConsoleScreen
+from outbox_tui.widgets.event_detail import EventDetailPane
+from outbox_tui.widgets.footer import ConsoleFooter
+from outbox_tui.widgets.format import age, one_line, short_id, status_text
+
+#: Rows listed at most (newest first); the title says when there are more.
+SHOWN = 1_000
+
+
+@dataclass
+class MembersLoaded(Message):
+    found: GroupMembers | None
+    error: str | None = None
+
+
+class GroupEventsScreen(ConsoleScreen):
+    """The failed rows and dead letters of one error group, newest first."""
+
+    BINDINGS = [  # noqa: RUF012 - Textual's declaration style
+        Binding("escape", "back", "Back"),
+        # priority: the table's own enter (select_cursor, not shown) would hide it
+        Binding("enter", "open_detail", "Detail", priority=True),
+        Binding("ctrl+r", "reload", "Refresh"),
+    ]
+
+    detail_open: reactive[bool] = reactive(False, bindings=True)
+
+    def __init__(self, group: ErrorGroup) -> None:
+        super().__init__(id="group-events-screen")
+        self.group = group
+        self.members: list[GroupMember] = []
+        self.loads = 0  # lists loaded (tests wait on this)
+
+    def compose(self) -> ComposeResult:
+        yield Static(f"Error group {self.group.fingerprint}: loading…", id="group-events-title")
+        with Horizontal(id="body"):
+            with Vertical(id="list"):
+                yield DataTable(id="group-events", cursor_type="row", zebra_stripes=True)
+            yield EventDetailPane(id="detail")
+        yield ConsoleFooter()
+
+    def on_mount(self) -> None:
+        table = self.query_one(DataTable)
+        table.add_columns("id", "status", "type", "tenant", "age", "error")
+        self.query_one("#list").border_title = one_line(self.group.message, 90)
+        table.focus()
+        self.action_reload()
+
+    def action_reload(self) -> None:
+        self._load()
+
+    @work(exclusive=True, group="group-events", exit_on_error=False)
+    async def _load(self) -> None:
+        console = self.console_app
+        try:
+            found = await console.db(group_events(console.engine, self.group.fingerprint))
+        except OutboxError as exc:
+            self.post_message(MembersLoaded(None, one_line(exc)))
+            return
+        self.post_message(MembersLoaded(found))
+
+    @on(MembersLoaded)
+    def _loaded(self, message: MembersLoaded) -> None:
+        title = self.query_one("#group-events-title", Static)
+        fingerprint = self.group.fingerprint
+        if message.found is None:
+            title.update(f"Error group {fingerprint}: {message.error}")
+            return
+        members = list(reversed(message.found.members))  # newest first
+        self.members = members[:SHOWN]
+        table = self.query_one(DataTable)
+        table.clear()
+        now = self.console_app.clock()
+        for member in self.members:
+            table.add_row(
+                short_id(member.id),
+                status_text(member.status),
+                member.event_type,
+                member.tenant_id,
+                age(member.created_at, now),
+                one_line(member.error, 120),
+                key=member.id,
+            )
+        dead = sum(1 for m in members if m.status == DEAD_LETTER)
+        more = f" (newest {SHOWN:,} shown)" if len(members) > SHOWN else ""
+        title.update(
+            f"Error group {fingerprint}: {len(members):,} events{more}, {dead:,} dead letters"
+        )
+        self.query_one("#list").border_subtitle = f"{len(self.members):,} shown"
+        self.loads += 1
+        if self.detail_open:
+            self._load_detail_of_highlighted()
+
+    # -- detail -------------------------------------------------------------------------
+
+    def highlighted(self) -> GroupMember | None:
+        table = self.query_one(DataTable)
+        if not self.members or table.row_count == 0:
+            return None
+        return self.members[min(table.cursor_row, len(self.members) - 1)]
+
+    @on(DataTable.RowSelected, "#group-events")
+    def _row_selected(self) -> None:
+        self.action_open_detail()
+
+    def action_open_detail(self) -> None:
+        if self.detail_open:
+            self.query_one(EventDetailPane).focus()
+            return
+        self.detail_open = True
+
+    def watch_detail_open(self, is_open: bool) -> None:
+        self.query_one("#body").set_class(is_open, "-detail-open")
+        if is_open:
+            self._load_detail_of_highlighted()
+        else:
+            self.query_one(DataTable).focus()
+
+    def action_back(self) -> None:
+        if self.detail_open:
+            self.detail_open = False
+            return
+        self.app.pop_screen()
+
+    @on(DataTable.RowHighlighted, "#group-events")
+    def _row_highlighted(self) -> None:
+        member = self.highlighted()
+        pane = self.query_one(EventDetailPane)
+        if self.detail_open and member is not None and member.id != pane.event_id:
+            self._load_detail_of_highlighted()
+
+    def _load_detail_of_highlighted(self) -> None:
+        member = self.highlighted()
+        if member is None:
+            self.query_one(EventDetailPane).show_message("No event highlighted.")
+            return
+        self._load_detail(member.id)
+
+    @work(exclusive=True, group="group-detail", exit_on_error=False)
+    async def _load_detail(self, event_id: str) -> None:
+        insights, db = self.console_app.insights, self.console_app.db
+        try:
+            detail = await db(insights.event_detail(event_id))
+        except OutboxError as exc:
+            self.post_message(DetailLoaded(event_id, None, one_line(exc)))
+        else:
+            self.post_message(DetailLoaded(event_id, detail, None))
+
+    @on(DetailLoaded)
+    def _detail_loaded(self, message: DetailLoaded) -> None:
+        pane = self.query_one(EventDetailPane)
+        member = self.highlighted()
+        if member is None or member.id != message.event_id:
+            return  # the cursor moved on; its own load is on the way
+        if message.detail is None:
+            pane.event_id = message.event_id
+            pane.show_message(message.error or "unknown error", error=True)
+            return
+        pane.show(message.detail, self.console_app.clock())
