@@ -174,8 +174,8 @@ class TrendLine(Static):
 ROWS = (  # the label and colour of each series row, in order
     ("backlog", BACKLOG_COLOUR),
     ("oldest pending", AGE_COLOUR),
-    ("published /s", OUT_COLOUR),
-    ("arriving /s", IN_COLOUR),
+    ("published", OUT_COLOUR),  # the value carries its unit (/s or /min)
+    ("arriving", IN_COLOUR),
 )
 LABEL_WIDTH, VALUE_WIDTH = 15, 9
 
