@@ -264,7 +264,7 @@ def test_the_installed_console_shows_its_first_screen(venv: Venv) -> None:
                         "screen": type(app.screen).__name__,
                         "refreshes": app.main.refreshes,
                         "css_path": [str(p) for p in app.css_path],
-                        "overview_height": str(app.screen.query_one("#overview").styles.height),
+                        "tiles_height": str(app.screen.query_one("#tiles").styles.height),
                         "tiles": tiles,
                         "health": str(app.screen.query_one("#health").render()),
                     }))
@@ -278,7 +278,7 @@ def test_the_installed_console_shows_its_first_screen(venv: Venv) -> None:
     assert seen["screen"] == "MainScreen" and seen["refreshes"] > 0
     (css,) = seen["css_path"]
     assert Path(css).is_relative_to(venv.root) and Path(css).is_file()
-    assert seen["overview_height"] == "5"  # a rule from styles.tcss is in force
+    assert seen["tiles_height"] == "4"  # a rule from styles.tcss is in force
     assert {"tile-pending", "tile-dead_letter", "tile-published"} <= set(seen["tiles"])
     assert seen["tiles"]["tile-pending"].strip() == "0"
     assert "waiting for the first refresh" not in seen["health"]

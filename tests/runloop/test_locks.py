@@ -12,6 +12,12 @@ from engine.runner import build_dispatcher
 
 from .conftest import fast, publish, statuses
 
+# pg_locks covers the whole server: other tests' databases share it, and their dispatchers
+# may hold a lock of their own at the same moment.
+IN_THIS_DATABASE = (
+    " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+)
+
 
 async def test_a_second_holder_is_refused_until_the_first_releases(db, registry, clock):
     other_engine = create_engine(db.url)  # another process, in effect
@@ -83,6 +89,7 @@ async def test_postgresql_uses_a_session_advisory_lock(pg_url):
             held = (
                 await conn.exec_driver_sql(
                     "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+                    + IN_THIS_DATABASE
                 )
             ).scalar_one()
         assert held == 1
@@ -91,6 +98,7 @@ async def test_postgresql_uses_a_session_advisory_lock(pg_url):
             held = (
                 await conn.exec_driver_sql(
                     "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"
+                    + IN_THIS_DATABASE
                 )
             ).scalar_one()
         assert held == 0  # unlocked before the connection went back to the pool
@@ -112,6 +120,7 @@ async def test_a_holder_whose_session_dies_loses_the_lock(pg_url):
         async with other_engine.connect() as conn:  # the holder's backend goes away
             await conn.exec_driver_sql(
                 "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory'"
+                + IN_THIS_DATABASE
             )
         # pg_terminate_backend only signals: the backend exits, and frees the lock, soon after.
         for _ in range(100):
