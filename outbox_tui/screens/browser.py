@@ -21,6 +21,7 @@ from outbox_tui.messages import (
     PollFailed,
 )
 from outbox_tui.screens.base import ConsoleScreen
+from outbox_tui.screens.detail_loading import load_event_detail, show_event_detail
 from outbox_tui.screens.filter import FilterModal
 from outbox_tui.widgets.blocked_keys import BlockedKeysTable
 from outbox_tui.widgets.event_detail import EventDetailPane
@@ -249,26 +250,11 @@ class EventBrowser(ConsoleScreen):
 
     @work(exclusive=True, group="detail", exit_on_error=False)
     async def _load_detail(self, event_id: str) -> None:
-        insights, db = self.console_app.insights, self.console_app.db
-        try:
-            detail = await db(insights.event_detail(event_id))
-            waiting = None
-            columns = detail.columns
-            if columns.get("ordering_key") and columns.get("status") in (DEAD_LETTER, FAILED):
-                waiting = await db(insights.waiting_behind(event_id))
-        except OutboxError as exc:
-            self.post_message(DetailLoaded(event_id, None, one_line(exc)))
-        else:
-            self.post_message(DetailLoaded(event_id, detail, None, waiting))
+        self.post_message(await load_event_detail(self.console_app, event_id))
 
     @on(DetailLoaded)
     def _detail_loaded(self, message: DetailLoaded) -> None:
-        pane = self.query_one(EventDetailPane)
         target = self._target()
         if target is None or target.id != message.event_id:
             return  # the cursor moved on; its own load is on the way
-        if message.detail is None:
-            pane.event_id = message.event_id
-            pane.show_message(message.error or "unknown error", error=True)
-            return
-        pane.show(message.detail, self.console_app.clock(), waiting=message.waiting)
+        show_event_detail(self.query_one(EventDetailPane), message, self.console_app.clock())

@@ -25,6 +25,7 @@ from engine.operations import group_events
 from engine.schema import DEAD_LETTER
 from outbox_tui.messages import DetailLoaded
 from outbox_tui.screens.base import ConsoleScreen
+from outbox_tui.screens.detail_loading import load_event_detail, show_event_detail
 from outbox_tui.widgets.event_detail import EventDetailPane
 from outbox_tui.widgets.footer import ConsoleFooter
 from outbox_tui.widgets.format import age, one_line, short_id, status_text
@@ -164,22 +165,11 @@ class GroupEventsScreen(ConsoleScreen):
 
     @work(exclusive=True, group="group-detail", exit_on_error=False)
     async def _load_detail(self, event_id: str) -> None:
-        insights, db = self.console_app.insights, self.console_app.db
-        try:
-            detail = await db(insights.event_detail(event_id))
-        except OutboxError as exc:
-            self.post_message(DetailLoaded(event_id, None, one_line(exc)))
-        else:
-            self.post_message(DetailLoaded(event_id, detail, None))
+        self.post_message(await load_event_detail(self.console_app, event_id))
 
     @on(DetailLoaded)
     def _detail_loaded(self, message: DetailLoaded) -> None:
-        pane = self.query_one(EventDetailPane)
         member = self.highlighted()
         if member is None or member.id != message.event_id:
             return  # the cursor moved on; its own load is on the way
-        if message.detail is None:
-            pane.event_id = message.event_id
-            pane.show_message(message.error or "unknown error", error=True)
-            return
-        pane.show(message.detail, self.console_app.clock())
+        show_event_detail(self.query_one(EventDetailPane), message, self.console_app.clock())
