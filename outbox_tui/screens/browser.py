@@ -29,7 +29,6 @@ from outbox_tui.widgets.event_table import EventTable
 from outbox_tui.widgets.format import one_line
 
 EVENTS, DEAD_LETTERS, BLOCKED = "events", "dead_letters", "blocked_keys"
-FAILED = "failed"
 
 
 @dataclass(frozen=True, slots=True)

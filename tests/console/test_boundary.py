@@ -21,7 +21,7 @@ CONSOLE_FILES = sorted(
 # What the console may take from SQLAlchemy: engine types and the pool class, no statements.
 ALLOWED_SQLALCHEMY = {"sqlalchemy.ext.asyncio", "sqlalchemy.pool"}
 # From the schema module: status names only, never a table to query.
-ALLOWED_SCHEMA_NAMES = {"DEAD_LETTER", "PENDING", "PUBLISHED", "STATUSES"}
+ALLOWED_SCHEMA_NAMES = {"DEAD_LETTER", "FAILED", "PENDING", "PUBLISHED", "STATUSES"}
 
 
 def test_importing_every_engine_module_pulls_in_no_textual_or_rich():
