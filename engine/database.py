@@ -4,20 +4,31 @@ SQLite notes: WAL lets readers (the console) run beside one writer; a busy
 timeout makes a second writer wait instead of failing with "database is
 locked"; and write transactions begin IMMEDIATE so a transaction that read
 first can never fail to upgrade to a writer halfway through. Read-only callers
-ask for deferred transactions with ``read_only_engine``.
+ask for deferred transactions with ``read_only_engine``. A write that must land as soon
+as the lock is free (a side effect's record, after the external call) polls for it every
+millisecond with ``begin_promptly`` instead of SQLite's busy handler, whose sleeps grow
+to 100 ms.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 from sqlalchemy import event, text
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlchemyError
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.exc import (
+    ArgumentError,
+    DBAPIError,
+    NoSuchModuleError,
+    OperationalError,
+    SQLAlchemyError,
+)
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from engine.errors import (
     DatabaseUnavailableError,
@@ -35,6 +46,8 @@ PROGRAM = "outbox-tui"
 INIT_DB = f"{PROGRAM} init-db"
 SQLITE_BUSY_TIMEOUT_SECONDS = 30.0
 _READ_ONLY_OPTION = "outbox_read_only"
+_PROMPT_WRITE_OPTION = "outbox_prompt_write"
+_PROMPT_POLL_SECONDS = 0.001
 _ASYNC_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+asyncpg"}
 _SUPPORTED = ("sqlite+aiosqlite", "postgresql+asyncpg")
 
@@ -170,10 +183,58 @@ def _tune_sqlite(engine: AsyncEngine) -> None:
 
     @event.listens_for(sync_engine, "begin")
     def _on_begin(connection: Any) -> None:
-        if connection.get_execution_options().get(_READ_ONLY_OPTION):
+        options = connection.get_execution_options()
+        if options.get(_READ_ONLY_OPTION):
             connection.exec_driver_sql("BEGIN DEFERRED")
+        elif options.get(_PROMPT_WRITE_OPTION):
+            # Fail at once when the lock is held: begin_promptly polls for it.
+            connection.exec_driver_sql("PRAGMA busy_timeout=0")
+            try:
+                connection.exec_driver_sql("BEGIN IMMEDIATE")
+            finally:
+                connection.exec_driver_sql(
+                    f"PRAGMA busy_timeout={int(SQLITE_BUSY_TIMEOUT_SECONDS * 1000)}"
+                )
         else:
             connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+@asynccontextmanager
+async def begin_promptly(
+    engine: AsyncEngine, *, timeout: float = SQLITE_BUSY_TIMEOUT_SECONDS
+) -> AsyncIterator[AsyncConnection]:
+    """``engine.begin()`` that takes SQLite's write lock within a millisecond of its release.
+
+    SQLite's busy handler sleeps 1, 2, 5 ... up to 100 ms between tries, so a waiting
+    writer can sleep on through a free lock while other writers take it. Where every
+    millisecond of waiting is a risk (a side effect has happened and its record is not
+    yet written), this polls instead, for at most the usual busy timeout. PostgreSQL has
+    no such wait: there it is ``engine.begin()``. ``timeout`` bounds the polling.
+    """
+    if engine.dialect.name != "sqlite":
+        async with engine.begin() as conn:
+            yield conn
+        return
+    prompt = engine.execution_options(**{_PROMPT_WRITE_OPTION: True})
+    deadline = time.monotonic() + timeout
+    while True:
+        conn = await prompt.connect()
+        try:
+            await conn.begin()
+            break
+        except OperationalError as exc:
+            await conn.close()
+            if "locked" not in str(exc.orig) or time.monotonic() >= deadline:
+                raise
+        await asyncio.sleep(_PROMPT_POLL_SECONDS)
+    try:
+        yield conn
+        await conn.commit()
+    except BaseException:
+        await conn.rollback()
+        raise
+    finally:
+        await conn.close()
 
 
 def is_postgresql(engine: AsyncEngine) -> bool:

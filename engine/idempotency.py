@@ -19,7 +19,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from engine.clock import Clock, utc_now
-from engine.database import read_only_engine
+from engine.database import begin_promptly, read_only_engine
 from engine.schema import handler_runs, side_effects
 from engine.store import truncate_error
 
@@ -132,7 +132,7 @@ class IdempotencyStore:
     ) -> None:
         """Record an effect's outcome in its own transaction, so it outlives a failing handler."""
         now: datetime = self._clock()
-        async with self._engine.begin() as conn:
+        async with begin_promptly(self._engine) as conn:
             insert = _insert_for(conn)(side_effects)
             stmt = insert.values(
                 tenant_id=key.tenant_id,

@@ -8,7 +8,9 @@ named by ``ORDERED_APP_LOG``.
 
 With ``effect`` in the payload, the handler first makes one external call guarded by
 ``run_event_side_effect`` and logs an ``effect`` line when the call itself runs (the fault
-suite compares those lines with the side-effect records to count repeated calls).
+suite compares those lines with the side-effect records to count repeated calls), then a
+``recorded`` line once the helper returns, its record committed (the gap between the two is
+the window in which a kill makes the call happen again).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ async def handle(envelope: EventEnvelope) -> None:
                 return envelope.event_id  # what the external system would answer
 
             await run_event_side_effect("charge", call_external_system)
+            _log("recorded", envelope)  # the record is committed: the window has closed
         if envelope.payload["permanent"]:
             raise EventHandlerPermanentError("fated to fail")
         if envelope.attempt_count <= envelope.payload["fail"]:

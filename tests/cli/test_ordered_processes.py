@@ -206,7 +206,7 @@ def _key_executions(
     pids = set()
     for line in log.read_text().splitlines():
         kind, event_id, pid, ns = line.split()
-        if kind == "effect":
+        if kind in ("effect", "recorded"):
             continue
         pids.add(pid)
         if kind == "start":

@@ -61,6 +61,21 @@ SOAK = (500, 8, 6000, 150)
 SEED = 20261209
 
 
+def window_summary(windows_ms: list[float]) -> str:
+    """Median, 99th percentile and maximum of the side-effect windows, in milliseconds."""
+    if not windows_ms:
+        return "no call recorded"
+    ordered = sorted(windows_ms)
+
+    def at(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    return (
+        f"p50 {at(0.5):.1f} ms, p99 {at(0.99):.1f} ms, max {ordered[-1]:.1f} ms "
+        f"over {len(ordered):,} calls"
+    )
+
+
 async def _side_effect_records(url: str) -> Counter[str]:
     """Succeeded side-effect records per event."""
     engine = create_engine(url)
@@ -212,9 +227,15 @@ async def test_sigkilled_dispatchers_lose_nothing_and_keep_key_order(
     # Guarded external calls: one record per event; a call made again is allowed only
     # where a process was killed after the call and before its record (the window).
     calls: dict[str, list[str]] = defaultdict(list)
-    for kind, event_id, pid, _ns in log_lines:
+    called_at: dict[tuple[str, str], int] = {}
+    windows_ms: list[float] = []  # call -> record committed, for the calls that got one
+    for kind, event_id, pid, ns in log_lines:
         if kind == "effect":
             calls[event_id].append(pid)
+            called_at[(event_id, pid)] = int(ns)
+        elif (event_id, pid) in called_at:  # "recorded", after this call (not a replay)
+            if kind == "recorded":
+                windows_ms.append((int(ns) - called_at.pop((event_id, pid))) / 1e6)
     records = await _side_effect_records(database_url)
     with_effect = {row["id"] for row in before if row["payload"].get("effect")}
     attempted = with_effect & set(starts)
@@ -259,6 +280,8 @@ async def test_sigkilled_dispatchers_lose_nothing_and_keep_key_order(
                 f"(at-least-once); {sum(map(len, calls.values())):,} guarded external calls "
                 f"for {len(records):,} side-effect records: {repeats} repeats, each after a "
                 "kill between the call and its record (the documented window)",
+                f"the window, from the call's return to its record committed: "
+                f"{window_summary(windows_ms)}",
             ],
         )
     )
