@@ -201,7 +201,7 @@ def _tune_sqlite(engine: AsyncEngine) -> None:
 
 @asynccontextmanager
 async def begin_promptly(
-    engine: AsyncEngine, *, timeout: float = SQLITE_BUSY_TIMEOUT_SECONDS
+    engine: AsyncEngine, *, wait_seconds: float = SQLITE_BUSY_TIMEOUT_SECONDS
 ) -> AsyncIterator[AsyncConnection]:
     """``engine.begin()`` that takes SQLite's write lock within a millisecond of its release.
 
@@ -209,14 +209,14 @@ async def begin_promptly(
     writer can sleep on through a free lock while other writers take it. Where every
     millisecond of waiting is a risk (a side effect has happened and its record is not
     yet written), this polls instead, for at most the usual busy timeout. PostgreSQL has
-    no such wait: there it is ``engine.begin()``. ``timeout`` bounds the polling.
+    no such wait: there it is ``engine.begin()``. ``wait_seconds`` bounds the polling.
     """
     if engine.dialect.name != "sqlite":
         async with engine.begin() as conn:
             yield conn
         return
     prompt = engine.execution_options(**{_PROMPT_WRITE_OPTION: True})
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + wait_seconds
     while True:
         conn = await prompt.connect()
         try:

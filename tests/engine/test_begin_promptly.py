@@ -74,7 +74,7 @@ async def test_sqlite_gives_up_after_the_busy_timeout_and_keeps_its_busy_timeout
         async with holder.begin() as conn:
             await conn.execute(text("INSERT INTO t VALUES (1)"))
             with pytest.raises(OperationalError, match="locked"):
-                async with begin_promptly(waiter, timeout=0.2) as other:
+                async with begin_promptly(waiter, wait_seconds=0.2) as other:
                     await other.execute(text("INSERT INTO t VALUES (2)"))
         # The connection that polled went back to the pool with the usual busy timeout.
         async with waiter.connect() as conn:

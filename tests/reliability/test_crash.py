@@ -233,9 +233,8 @@ async def test_sigkilled_dispatchers_lose_nothing_and_keep_key_order(
         if kind == "effect":
             calls[event_id].append(pid)
             called_at[(event_id, pid)] = int(ns)
-        elif (event_id, pid) in called_at:  # "recorded", after this call (not a replay)
-            if kind == "recorded":
-                windows_ms.append((int(ns) - called_at.pop((event_id, pid))) / 1e6)
+        elif kind == "recorded" and (event_id, pid) in called_at:  # not a replayed answer
+            windows_ms.append((int(ns) - called_at.pop((event_id, pid))) / 1e6)
     records = await _side_effect_records(database_url)
     with_effect = {row["id"] for row in before if row["payload"].get("effect")}
     attempted = with_effect & set(starts)
