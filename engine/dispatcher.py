@@ -41,6 +41,7 @@ from engine.context import HandlerInvocation, _handler_invocation, _task_context
 from engine.database import read_only_engine
 from engine.envelope import EventEnvelope
 from engine.errors import ConfigurationError, EventHandlerPermanentError, EventValidationError
+from engine.handler_timeouts import HandlerTimedOut, HandlerTimeouts
 from engine.idempotency import HandlerRunRecord, IdempotencyStore
 from engine.registry import EventRegistry
 from engine.store import ClaimedRow
@@ -316,17 +317,24 @@ class OutboxDispatcher:
         # dispatcher meanwhile: stop starting handlers well before that.
         deadline = claimed_at + self.start_budget
         queue = collections.deque(rows)
+        timeouts = HandlerTimeouts(self.handler_timeout)
 
         async def worker() -> None:
+            me = asyncio.current_task()
             while queue:
                 row = queue.popleft()
                 if (stop is not None and stop.is_set()) or self.clock() >= deadline:
                     completions.add(_Outcome(row, "unattempted"))
                     continue
-                outcome, records = await self._run_handlers(row, envelopes[row.event_id], done)
+                outcome, records = await self._run_handlers(
+                    row, envelopes[row.event_id], done, timeouts, me
+                )
                 completions.add(outcome, records)
 
-        await asyncio.gather(*(worker() for _ in range(min(self.max_concurrency, len(rows)))))
+        try:
+            await asyncio.gather(*(worker() for _ in range(min(self.max_concurrency, len(rows)))))
+        finally:
+            timeouts.close()
 
     async def _succeeded_handlers(self, rows: list[ClaimedRow]) -> set[tuple[str, str]]:
         """Handler runs that already succeeded, looked up only for rows delivered before.
@@ -361,7 +369,12 @@ class OutboxDispatcher:
         return EventEnvelope.from_row(values, payload), ""
 
     async def _run_handlers(
-        self, row: ClaimedRow, envelope: EventEnvelope, done: set[tuple[str, str]]
+        self,
+        row: ClaimedRow,
+        envelope: EventEnvelope,
+        done: set[tuple[str, str]],
+        timeouts: HandlerTimeouts,
+        worker: asyncio.Task[None] | None,
     ) -> tuple[_Outcome, list[HandlerRunRecord]]:
         records: list[HandlerRunRecord] = []
         context_token = _task_context.set(envelope.task_context())
@@ -372,8 +385,7 @@ class OutboxDispatcher:
                 invocation = HandlerInvocation(envelope, registered.key, self.idempotency)
                 handler_token = _handler_invocation.set(invocation)
                 try:
-                    async with asyncio.timeout(self.handler_timeout) as budget:
-                        await registered.handler(envelope)
+                    await timeouts.run(registered.handler(envelope), worker)
                 except EventHandlerPermanentError as exc:
                     error = f"permanent: {registered.key}: {exc}"
                     records.append(
@@ -381,7 +393,7 @@ class OutboxDispatcher:
                     )
                     return _Outcome(row, "dead_letter", error, error), records
                 except Exception as exc:
-                    if isinstance(exc, TimeoutError) and budget.expired():
+                    if isinstance(exc, HandlerTimedOut):
                         error = f"{registered.key}: timed out after {self.handler_timeout:g} s"
                     else:
                         error = f"{registered.key}: {type(exc).__name__}: {exc}"
