@@ -12,7 +12,6 @@ See docs/cli.md.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import inspect
 from collections.abc import Iterator, Sequence
 from types import ModuleType
@@ -22,6 +21,7 @@ from engine.operations import load_registry
 from outbox_tui import PROG, __version__
 from outbox_tui.cli import console, dead_letter, dispatch, init_db, pause, stats
 from outbox_tui.cli.errors import EXIT_USAGE, UsageError, run_guarded
+from outbox_tui.cli.event_loop import run_coroutine
 from outbox_tui.cli.options import Invocation, Parser, add_common, examples, resolve
 from outbox_tui.cli.redaction import RedactingStream, Redactor, SecretFilter, configure_logging
 from outbox_tui.output import Output
@@ -166,5 +166,5 @@ def _run(inv: Invocation) -> int:
         load_registry(inv.installed_apps, app_dir=inv.app_dir)  # unused, but a bad name is an error
     result = inv.args.run(inv)
     if inspect.iscoroutine(result):
-        result = asyncio.run(result)
+        result = run_coroutine(result)
     return int(result)
