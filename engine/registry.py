@@ -47,12 +47,35 @@ def _matches(value: Any, expected: FieldType) -> bool:
     return isinstance(value, types)
 
 
+def _exact_types(expected: FieldType) -> frozenset[type]:
+    """Value types that ``_matches`` accepts as they are (an int where a float may go)."""
+    types = set(expected) if isinstance(expected, tuple) else {expected}
+    if float in types:
+        types.add(int)
+    return frozenset(types)
+
+
 @dataclass(frozen=True, slots=True)
 class EventSchemaSpec:
     """Required and optional payload fields with their JSON types."""
 
     required: Mapping[str, FieldType] = field(default_factory=dict)
     optional: Mapping[str, FieldType] = field(default_factory=dict)
+    # Per field, the exact value types that certainly match (what json.loads returns):
+    # one set lookup per field on the hot path; anything else gets the full check.
+    _exact: tuple[tuple[str, frozenset[type]], ...] = field(
+        init=False, repr=False, compare=False, default=()
+    )
+
+    def __post_init__(self) -> None:
+        exact = [(name, _exact_types(t)) for name, t in self.required.items()]
+        exact += [(name, _exact_types(t) | {type(None)}) for name, t in self.optional.items()]
+        object.__setattr__(self, "_exact", tuple(exact))
+
+    def conforms(self, payload: Mapping[str, Any]) -> bool:
+        """True when ``payload`` certainly conforms (False: ask ``problems``)."""
+        get = payload.get
+        return all(type(get(name)) in types for name, types in self._exact)
 
     def problems(self, payload: Mapping[str, Any]) -> list[str]:
         """Every way ``payload`` breaks this spec (empty when it conforms)."""
@@ -169,12 +192,15 @@ class EventRegistry:
                 f"{event_type} v{event_version}: payload must be a JSON object, "
                 f"got {type(payload).__name__}"
             )
-        problems = _CONTEXT_SPEC.problems(payload)
         spec = self._schemas[(event_type, event_version)]
-        if spec is not None:
-            problems += [p for p in spec.problems(payload) if p not in problems]
-        if problems:
-            raise EventValidationError(f"{event_type} v{event_version}: " + "; ".join(problems))
+        if not (_CONTEXT_SPEC.conforms(payload) and (spec is None or spec.conforms(payload))):
+            problems = _CONTEXT_SPEC.problems(payload)
+            if spec is not None:
+                problems += [p for p in spec.problems(payload) if p not in problems]
+            if problems:
+                raise EventValidationError(
+                    f"{event_type} v{event_version}: " + "; ".join(problems)
+                )
         if payload["tenant_id"] != tenant_id:
             raise TenantMismatchError(
                 f"{event_type} v{event_version}: payload tenant_id {payload['tenant_id']!r} "

@@ -7,6 +7,8 @@ import uuid
 from datetime import timedelta
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine import BackoffPolicy, EventRegistry, EventSchemaSpec, mask_url
 from engine.clock import uuid7
@@ -75,6 +77,23 @@ def test_schema_spec_lists_every_problem():
         "field 'n' must be int | float, got str",
         "field 'o' must be list, got dict",
     ]
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=3),
+    lambda inner: st.lists(inner, max_size=2)
+    | st.dictionaries(st.text(max_size=2), inner, max_size=2),
+    max_leaves=4,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(["a", "n", "o", "flag", "x"]), JSON_VALUES))
+def test_the_fast_conformance_check_agrees_with_the_full_one_on_json_values(payload):
+    spec = EventSchemaSpec(
+        required={"a": str, "n": (int, float)}, optional={"o": list, "flag": bool}
+    )
+    assert spec.conforms(payload) == (spec.problems(payload) == [])
 
 
 def test_urls_are_normalised_and_passwords_masked():
