@@ -307,10 +307,13 @@ class OutboxDispatcher:
     ) -> None:
         """Run the handlers of ``rows`` concurrently, at most ``max_concurrency`` at once.
 
-        ``max_concurrency`` workers (fewer for a small batch) take rows in claim order
-        from one queue: a task per row behind a semaphore cost twice as much per event,
-        which a no-op or quick handler notices. Each row's task context is set and reset
-        around its handlers (``_run_handlers``).
+        Workers take rows in claim order from one queue (a task per row behind a
+        semaphore cost twice as much per event). The pool grows only while every
+        worker is inside a handler that is waiting: a worker about to call a handler
+        when all the others are mid-call starts one more. Quick handlers that never
+        wait are run by one worker, so a no-op batch creates no tasks; handlers that
+        await I/O reach ``max_concurrency`` workers within the batch's first calls.
+        Each row's task context is set and reset around its handlers (``_run_handlers``).
         """
         done = await self._succeeded_handlers(rows)
         # A row handled after its lease expired may be handled again by another
@@ -318,22 +321,38 @@ class OutboxDispatcher:
         deadline = claimed_at + self.start_budget
         queue = collections.deque(rows)
         timeouts = HandlerTimeouts(self.handler_timeout)
+        limit = min(self.max_concurrency, len(rows))
+        workers: list[asyncio.Task[None]] = []
+        in_calls = 0  # workers inside a handler call right now
 
         async def worker() -> None:
+            nonlocal in_calls
             me = asyncio.current_task()
             while queue:
                 row = queue.popleft()
                 if (stop is not None and stop.is_set()) or self.clock() >= deadline:
                     completions.add(_Outcome(row, "unattempted"))
                     continue
-                outcome, records = await self._run_handlers(
-                    row, envelopes[row.event_id], done, timeouts, me
-                )
+                in_calls += 1
+                if in_calls == len(workers) < limit and queue:
+                    workers.append(asyncio.create_task(worker()))
+                try:
+                    outcome, records = await self._run_handlers(
+                        row, envelopes[row.event_id], done, timeouts, me
+                    )
+                finally:
+                    in_calls -= 1
                 completions.add(outcome, records)
 
+        workers.append(asyncio.create_task(worker()))
         try:
-            await asyncio.gather(*(worker() for _ in range(min(self.max_concurrency, len(rows)))))
+            awaited = 0
+            while awaited < len(workers):  # the list grows while its first ones run
+                await workers[awaited]
+                awaited += 1
         finally:
+            for task in workers:
+                task.cancel()  # a no-op for finished ones; none outlives an aborted round
             timeouts.close()
 
     async def _succeeded_handlers(self, rows: list[ClaimedRow]) -> set[tuple[str, str]]:
