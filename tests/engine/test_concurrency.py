@@ -33,6 +33,29 @@ async def test_handlers_overlap_up_to_max_concurrency(db, registry, clock):
     assert most == 4
 
 
+async def test_handlers_that_wait_only_sometimes_still_reach_the_bound_and_never_pass_it(
+    db, registry, clock
+):
+    running = 0
+    most = 0
+    calls = 0
+
+    @registry.handler("orders.placed", key="orders.mixed")
+    async def sometimes_waits(envelope):
+        nonlocal running, most, calls
+        running += 1
+        most = max(most, running)
+        calls += 1
+        if calls % 2 == 0:
+            await asyncio.sleep(0.05)  # every other call does I/O; the rest return at once
+        running -= 1
+
+    await publish(db, registry, count=40)
+    worker = OutboxDispatcher(db, registry, batch_size=40, max_concurrency=6, clock=clock)
+    assert await worker.dispatch_once() == DispatchResult(claimed=40, published=40)
+    assert most == 6
+
+
 async def test_a_hung_handler_times_out_as_a_transient_failure(db, registry, clock):
     @registry.handler("orders.placed", key="orders.hangs")
     async def hangs(envelope):
