@@ -7,6 +7,7 @@ keeps, per view, its filter and keyset cursors (``ViewState``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from textual import on, work
 from textual.coordinate import Coordinate
@@ -16,15 +17,12 @@ from engine.errors import OutboxError
 from engine.insights import BlockedKey, EventFilter, EventSummary
 from engine.schema import DEAD_LETTER
 from outbox_tui.messages import (
-    DetailLoaded,
     PageLoaded,
     PollFailed,
 )
-from outbox_tui.screens.base import ConsoleScreen
-from outbox_tui.screens.detail_loading import load_event_detail, show_event_detail
+from outbox_tui.screens.detail_host import DetailHost
 from outbox_tui.screens.filter import FilterModal
 from outbox_tui.widgets.blocked_keys import BlockedKeysTable
-from outbox_tui.widgets.event_detail import EventDetailPane
 from outbox_tui.widgets.event_table import EventTable
 from outbox_tui.widgets.format import one_line
 
@@ -82,7 +80,7 @@ class ViewState:
         return self.filter.describe()
 
 
-class EventBrowser(ConsoleScreen):
+class EventBrowser(DetailHost):
     """Views, paging, the filter and the detail pane of the main screen."""
 
     # -- views, paging, filter ----------------------------------------------------------
@@ -212,48 +210,19 @@ class EventBrowser(ConsoleScreen):
 
     @on(DataTable.RowSelected, "#events, #blocked-keys")
     def _row_selected(self) -> None:
-        self.action_open_detail()
-
-    def action_open_detail(self) -> None:
-        if self.detail_open:
-            self.query_one(EventDetailPane).focus()
-            return
-        self.detail_open = True
-
-    def watch_detail_open(self, is_open: bool) -> None:
-        self.query_one("#body").set_class(is_open, "-detail-open")
-        if is_open:
-            self.load_detail()
-        else:
-            self._list_table().focus()
-
-    def action_close_detail(self) -> None:
-        self.detail_open = False
+        self.open_detail_from_list()
 
     @on(DataTable.RowHighlighted, "#events, #blocked-keys")
     def _row_highlighted(self) -> None:
         self.refresh_bindings()
-        target = self._target()
-        pane = self.query_one(EventDetailPane)
-        if self.detail_open and target is not None and target.id != pane.event_id:
-            self.load_detail()
+        self.follow_cursor()
 
-    def load_detail(self) -> None:
-        target = self._target()
-        pane = self.query_one(EventDetailPane)
-        if target is None:
-            pane.event_id = None
-            pane.show_message("No event highlighted." if self.mode != BLOCKED else "No key.")
-            return
-        self._load_detail(target.id)
+    def detail_list(self) -> DataTable[Any]:
+        return self._list_table()
 
-    @work(exclusive=True, group="detail", exit_on_error=False)
-    async def _load_detail(self, event_id: str) -> None:
-        self.post_message(await load_event_detail(self.console_app, event_id))
-
-    @on(DetailLoaded)
-    def _detail_loaded(self, message: DetailLoaded) -> None:
+    def detail_target_id(self) -> str | None:
         target = self._target()
-        if target is None or target.id != message.event_id:
-            return  # the cursor moved on; its own load is on the way
-        show_event_detail(self.query_one(EventDetailPane), message, self.console_app.clock())
+        return None if target is None else target.id
+
+    def no_detail_message(self) -> str:
+        return "No key." if self.mode == BLOCKED else "No event highlighted."

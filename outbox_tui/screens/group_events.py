@@ -10,22 +10,20 @@ the groups.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
-from textual.reactive import reactive
 from textual.widgets import DataTable, Static
 
 from engine.error_groups import ErrorGroup, GroupMember, GroupMembers
 from engine.errors import OutboxError
 from engine.operations import group_events
 from engine.schema import DEAD_LETTER
-from outbox_tui.messages import DetailLoaded
-from outbox_tui.screens.base import ConsoleScreen
-from outbox_tui.screens.detail_loading import load_event_detail, show_event_detail
+from outbox_tui.screens.detail_host import DetailHost
 from outbox_tui.widgets.event_detail import EventDetailPane
 from outbox_tui.widgets.footer import ConsoleFooter
 from outbox_tui.widgets.format import age, one_line, short_id, status_text
@@ -40,7 +38,7 @@ class MembersLoaded(Message):
     error: str | None = None
 
 
-class GroupEventsScreen(ConsoleScreen):
+class GroupEventsScreen(DetailHost):
     """The failed rows and dead letters of one error group, newest first."""
 
     BINDINGS = [  # noqa: RUF012 - Textual's declaration style
@@ -49,8 +47,6 @@ class GroupEventsScreen(ConsoleScreen):
         Binding("enter", "open_detail", "Detail", priority=True),
         Binding("ctrl+r", "reload", "Refresh"),
     ]
-
-    detail_open: reactive[bool] = reactive(False, bindings=True)
 
     def __init__(self, group: ErrorGroup) -> None:
         super().__init__(id="group-events-screen")
@@ -116,7 +112,7 @@ class GroupEventsScreen(ConsoleScreen):
         self.query_one("#list").border_subtitle = f"{len(self.members):,} shown"
         self.loads += 1
         if self.detail_open:
-            self._load_detail_of_highlighted()
+            self.load_detail()
 
     # -- detail -------------------------------------------------------------------------
 
@@ -128,48 +124,21 @@ class GroupEventsScreen(ConsoleScreen):
 
     @on(DataTable.RowSelected, "#group-events")
     def _row_selected(self) -> None:
-        self.action_open_detail()
+        self.open_detail_from_list()
 
-    def action_open_detail(self) -> None:
-        if self.detail_open:
-            self.query_one(EventDetailPane).focus()
-            return
-        self.detail_open = True
+    @on(DataTable.RowHighlighted, "#group-events")
+    def _row_highlighted(self) -> None:
+        self.follow_cursor()
 
-    def watch_detail_open(self, is_open: bool) -> None:
-        self.query_one("#body").set_class(is_open, "-detail-open")
-        if is_open:
-            self._load_detail_of_highlighted()
-        else:
-            self.query_one(DataTable).focus()
+    def detail_list(self) -> DataTable[Any]:
+        return self.query_one(DataTable)
+
+    def detail_target_id(self) -> str | None:
+        member = self.highlighted()
+        return None if member is None else member.id
 
     def action_back(self) -> None:
         if self.detail_open:
             self.detail_open = False
             return
         self.app.pop_screen()
-
-    @on(DataTable.RowHighlighted, "#group-events")
-    def _row_highlighted(self) -> None:
-        member = self.highlighted()
-        pane = self.query_one(EventDetailPane)
-        if self.detail_open and member is not None and member.id != pane.event_id:
-            self._load_detail_of_highlighted()
-
-    def _load_detail_of_highlighted(self) -> None:
-        member = self.highlighted()
-        if member is None:
-            self.query_one(EventDetailPane).show_message("No event highlighted.")
-            return
-        self._load_detail(member.id)
-
-    @work(exclusive=True, group="group-detail", exit_on_error=False)
-    async def _load_detail(self, event_id: str) -> None:
-        self.post_message(await load_event_detail(self.console_app, event_id))
-
-    @on(DetailLoaded)
-    def _detail_loaded(self, message: DetailLoaded) -> None:
-        member = self.highlighted()
-        if member is None or member.id != message.event_id:
-            return  # the cursor moved on; its own load is on the way
-        show_event_detail(self.query_one(EventDetailPane), message, self.console_app.clock())

@@ -80,7 +80,6 @@ class MainScreen(EventBrowser, DeadLetterActions, DispatchSwitch, IncidentAction
     BINDINGS = bindings(app=False)
 
     mode: reactive[str] = reactive(EVENTS, bindings=True)
-    detail_open: reactive[bool] = reactive(False, bindings=True)
     dispatch_state: reactive[str] = reactive("stopped", bindings=True)
     connection: reactive[str] = reactive("connecting")
 
