@@ -61,6 +61,43 @@ class Result:
         return lines[0]
 
 
+REPO = Path(__file__).resolve().parents[2]
+ORDERED_APP = "tests.cli.ordered_app"
+
+
+def ordered_app_env(database_url: str, log: Path, *, quick_retries: bool = True) -> dict[str, str]:
+    """The environment of a dispatcher process running ``tests/cli/ordered_app.py``.
+
+    ``log`` receives its handler start/end lines; ``quick_retries``: a fixed 50 ms
+    backoff without jitter, so failing events come back at once and predictably.
+    """
+    env = {
+        "OUTBOX_DATABASE_URL": database_url,
+        "ORDERED_APP_LOG": str(log),
+        "PYTHONPATH": str(REPO),
+    }
+    if quick_retries:
+        env.update(
+            OUTBOX_DISPATCHER__BACKOFF_KIND="fixed",
+            OUTBOX_DISPATCHER__BACKOFF_BASE_SECONDS="0.05",
+            OUTBOX_DISPATCHER__BACKOFF_JITTER="0",
+        )
+    return env
+
+
+def ordered_app_dispatch_args(batch_size: int, *options: str) -> tuple[str, ...]:
+    """``--dispatch`` of the ordered app, ``batch_size`` a claim, JSON lines out."""
+    return (
+        "--dispatch",
+        "--installed-app",
+        ORDERED_APP,
+        "--batch-size",
+        str(batch_size),
+        *options,
+        "--json",
+    )
+
+
 def cli_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
     env.update(COLUMNS="200", PYTHONUNBUFFERED="1", NO_COLOR="1")

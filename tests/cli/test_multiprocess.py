@@ -18,9 +18,8 @@ from engine import (
 )
 from engine.publisher import OutboxEvent
 from tests.cli import counting_app
-from tests.cli.conftest import Cli, read_json_lines, status_counts
+from tests.cli.conftest import REPO, Cli, read_json_lines, status_counts
 
-REPO = Path(__file__).resolve().parents[2]
 EVENTS = 300
 
 
@@ -31,9 +30,7 @@ async def _seed(url: str) -> None:
     context = TaskContext("acme", "tester", "req-1")
     try:
         await create_schema(engine)
-        drafts = [
-            OutboxEvent(counting_app.EVENT_TYPE, {}, "tick", str(i)) for i in range(EVENTS)
-        ]
+        drafts = [OutboxEvent(counting_app.EVENT_TYPE, {}, "tick", str(i)) for i in range(EVENTS)]
         async with unit_of_work(engine, registry=registry, context=context) as session:
             await OutboxEventPublisher(session).publish_many(drafts)
     finally:

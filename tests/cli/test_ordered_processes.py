@@ -34,9 +34,14 @@ from engine import (
 from engine.publisher import OutboxEvent
 from engine.schema import outbox_events as t
 from tests.cli import ordered_app
-from tests.cli.conftest import Cli, read_json_lines, status_counts
+from tests.cli.conftest import (
+    Cli,
+    ordered_app_dispatch_args,
+    ordered_app_env,
+    read_json_lines,
+    status_counts,
+)
 
-REPO = Path(__file__).resolve().parents[2]
 KEYS = 40
 EVENTS_PER_KEY = 8
 UNORDERED = 80
@@ -146,24 +151,8 @@ async def test_dispatcher_processes_keep_per_key_order_under_random_failures(
     expected = _expected(before)
     want = {s: list(expected.values()).count(s) for s in set(expected.values())}
     log = tmp_path / "handled.log"
-    env = {
-        "OUTBOX_DATABASE_URL": database_url,
-        "ORDERED_APP_LOG": str(log),
-        "PYTHONPATH": str(REPO),
-        "OUTBOX_DISPATCHER__BACKOFF_KIND": "fixed",
-        "OUTBOX_DISPATCHER__BACKOFF_BASE_SECONDS": "0.05",
-        "OUTBOX_DISPATCHER__BACKOFF_JITTER": "0",
-    }
-    args = (
-        "--dispatch",
-        "--installed-app",
-        "tests.cli.ordered_app",
-        "--batch-size",
-        "16",
-        "--idle-sleep-seconds",
-        "0.05",
-        "--json",
-    )
+    env = ordered_app_env(database_url, log)
+    args = ordered_app_dispatch_args(16, "--idle-sleep-seconds", "0.05")
     processes = 3 if database_url.startswith("postgresql") else 2
     procs = [cli.popen(*args, "--instance-id", f"w{n}", env=env) for n in range(processes)]
     try:

@@ -23,9 +23,8 @@ from engine.insights import OutboxInsights
 from engine.publisher import OutboxEvent
 from engine.schema import PENDING, PUBLISHING, outbox_events
 from tests.cli import counting_app
-from tests.cli.conftest import Cli, read_json_lines, status_counts
+from tests.cli.conftest import REPO, Cli, read_json_lines, status_counts
 
-REPO = Path(__file__).resolve().parents[2]
 EVENTS = 40
 BATCH = 5  # each process holds one batch of 5 when the pause is made; 30 stay pending
 WORKERS = ("worker-1", "worker-2")

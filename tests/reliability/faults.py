@@ -26,8 +26,6 @@ from engine import create_engine
 from engine.schema import PUBLISHING, outbox_events
 from tests.cli.conftest import Cli
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 def database_name(url: str) -> str:
     """The ``database`` of a ScenarioResult for ``url``."""

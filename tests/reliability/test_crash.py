@@ -30,7 +30,7 @@ from engine import create_engine
 from engine.idempotency import SUCCEEDED
 from engine.publisher import OutboxEvent
 from engine.schema import side_effects
-from tests.cli.conftest import Cli, status_counts
+from tests.cli.conftest import Cli, ordered_app_dispatch_args, ordered_app_env, status_counts
 from tests.cli.test_ordered_processes import (
     _assert_key_order,
     _expected,
@@ -40,7 +40,6 @@ from tests.cli.test_ordered_processes import (
     _seed,
 )
 from tests.reliability.faults import (
-    REPO,
     Dispatcher,
     completions,
     database_name,
@@ -159,20 +158,9 @@ async def test_sigkilled_dispatchers_lose_nothing_and_keep_key_order(
     await _seed(database_url, [])  # the schema; the events come while processes die
     await install_commit_log(database_url)
     log = tmp_path / "handled.log"
-    env = {
-        "OUTBOX_DATABASE_URL": database_url,
-        "ORDERED_APP_LOG": str(log),
-        "PYTHONPATH": str(REPO),
-        "OUTBOX_DISPATCHER__BACKOFF_KIND": "fixed",
-        "OUTBOX_DISPATCHER__BACKOFF_BASE_SECONDS": "0.05",
-        "OUTBOX_DISPATCHER__BACKOFF_JITTER": "0",
-    }
-    args = (
-        "--dispatch",
-        "--installed-app",
-        "tests.cli.ordered_app",
-        "--batch-size",
-        str(BATCH_SIZE),
+    env = ordered_app_env(database_url, log)
+    args = ordered_app_dispatch_args(
+        BATCH_SIZE,
         "--idle-sleep-seconds",
         "0.05",
         "--lease-seconds",
@@ -181,7 +169,6 @@ async def test_sigkilled_dispatchers_lose_nothing_and_keep_key_order(
         # keeps the fates (fail n times, then succeed) what decides the final state.
         "--max-attempts",
         "50",
-        "--json",
     )
     t0 = time.monotonic()
     dispatchers: list[Dispatcher] = []

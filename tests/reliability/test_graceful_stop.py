@@ -18,11 +18,16 @@ import pytest
 
 from engine.publisher import OutboxEvent
 from tests.cli import ordered_app
-from tests.cli.conftest import Cli, seed_orders, status_counts
+from tests.cli.conftest import (
+    Cli,
+    ordered_app_dispatch_args,
+    ordered_app_env,
+    seed_orders,
+    status_counts,
+)
 from tests.cli.test_graceful_stop import sigterm_during_start_up
 from tests.cli.test_ordered_processes import _rows, _seed
 from tests.reliability.faults import (
-    REPO,
     database_name,
     held_claims,
     reproduce,
@@ -46,20 +51,11 @@ async def test_sigterm_mid_batch_and_during_start_up_exits_zero_claiming_nothing
     ]
     await _seed(database_url, drafts)
     log = tmp_path / "handled.log"
-    env = {
-        "OUTBOX_DATABASE_URL": database_url,
-        "ORDERED_APP_LOG": str(log),
-        "PYTHONPATH": str(REPO),
-    }
-    args = (
-        "--dispatch",
-        "--installed-app",
-        "tests.cli.ordered_app",
-        "--batch-size",
-        str(BATCH),
+    env = ordered_app_env(database_url, log, quick_retries=False)
+    args = ordered_app_dispatch_args(
+        BATCH,
         "--max-concurrency",
-        str(BATCH // 2),  # half the batch is still waiting to start at the signal
-        "--json",
+        str(BATCH // 2),  # half the batch waits at the signal
     )
     dispatcher = spawn(cli, "graceful", args, env, tmp_path)
     try:

@@ -29,9 +29,8 @@ from engine import (
 )
 from engine.publisher import OutboxEvent
 from tests.cli import counting_app
-from tests.cli.conftest import Cli, status_counts
+from tests.cli.conftest import REPO, Cli, status_counts
 from tests.reliability.faults import (
-    REPO,
     Dispatcher,
     completions,
     database_name,

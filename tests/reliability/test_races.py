@@ -22,9 +22,8 @@ from sqlalchemy import func, select
 
 from engine import create_engine
 from engine.schema import outbox_events
-from tests.cli.conftest import Cli, status_counts
+from tests.cli.conftest import REPO, Cli, status_counts
 from tests.reliability.faults import (
-    REPO,
     Dispatcher,
     completions,
     database_name,
