@@ -166,7 +166,10 @@ def outbox_cli() -> list[str]:
 
 
 def cli_help() -> str:
-    done = subprocess.run([*outbox_cli(), "--help"], capture_output=True, text=True, check=False)
+    """The dispatcher's own help (its flags, such as --max-concurrency, are listed there)."""
+    done = subprocess.run(
+        [*outbox_cli(), "dispatch", "--help"], capture_output=True, text=True, check=False
+    )
     return done.stdout
 
 

@@ -39,6 +39,8 @@ def test_smoke_run_reports_every_comparison(pg_url: str, amqp_url: str, tmp_path
 
     assert result["machine"]["postgresql"].startswith("15")
     assert result["options"]["smoke"] is True
+    # b must run the dispatcher with --max-concurrency: the harness reads it from its help.
+    assert result["machine"]["max_concurrency"] == "has --max-concurrency"
     by_id = {rec["id"]: rec for rec in result["scenarios"]}
     assert sorted(by_id) == list("abcdefghi")
     assert not [rec for rec in result["scenarios"] if rec["status"] == "error"]
