@@ -286,9 +286,7 @@ class RabbitMqOutboxPublisher:
                 exchange = await self._ensure_connected()
         except BrokerUnavailableError as exc:
             raise _Outage(f"{UNAVAILABLE}: {exc}", sent=False) from None
-        outcomes = await asyncio.gather(
-            *(self._publish_one(exchange, e) for e in call), return_exceptions=True
-        )
+        outcomes = await self._send_all(exchange, call)
         outage: str | None = None
         sent = False
         for envelope, outcome in zip(call, outcomes, strict=True):
@@ -308,12 +306,50 @@ class RabbitMqOutboxPublisher:
             self._broken = True
             raise _Outage(outage, sent=sent)
 
-    async def _publish_one(self, exchange: AbstractExchange, envelope: EventEnvelope) -> None:
-        """Publish one event; returns when confirmed, raises otherwise."""
+    async def _send_all(
+        self, exchange: AbstractExchange, call: list[EventEnvelope]
+    ) -> list[BaseException | None]:
+        """Publish every event of ``call`` at once; each one's outcome (None: confirmed).
+
+        One task per publish (aio-pika's own coroutine, no wrapper of ours) and one
+        deadline for the call: every publish of a call starts together, so a deadline
+        each would be the same instant at the cost of a timer per message.
+        """
+        outcomes: list[BaseException | None] = [None] * len(call)
+        tasks: dict[asyncio.Task[Any], int] = {}
+        for index, envelope in enumerate(call):
+            try:
+                message = self._message(envelope)
+            except Exception as exc:  # a payload JSON cannot carry (NaN): this event fails
+                outcomes[index] = exc
+                continue
+            publish = exchange.publish(message, routing_key=envelope.event_type, mandatory=True)
+            tasks[asyncio.ensure_future(publish)] = index
+        if not tasks:
+            return outcomes
+        try:
+            _done, late = await asyncio.wait(tasks, timeout=self.confirm_timeout)
+        except BaseException:  # cancelled: take the publishes down too, as gather would
+            for task in tasks:
+                task.cancel()
+            await asyncio.wait(tasks)
+            raise
+        for task in late:
+            task.cancel()
+        if late:
+            await asyncio.wait(late)
+        for task, index in tasks.items():
+            outcomes[index] = (
+                TimeoutError() if task in late else self._confirmation_problem(task)
+            )
+        return outcomes
+
+    def _message(self, envelope: EventEnvelope) -> aio_pika.Message:
+        """The persistent AMQP message of one event; its body is encoded once, here."""
         event = to_cloudevent(
             envelope, source_prefix=self.source_prefix, new_span_id=self._new_span_id
         )
-        message = aio_pika.Message(
+        return aio_pika.Message(
             encode_cloudevent(event),
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
             message_id=envelope.event_id,
@@ -322,16 +358,21 @@ class RabbitMqOutboxPublisher:
             type=envelope.event_type,
             app_id=event["source"],
         )
-        confirmation = await exchange.publish(
-            message,
-            routing_key=envelope.event_type,
-            mandatory=True,
-            timeout=self.confirm_timeout,
-        )
+
+    @staticmethod
+    def _confirmation_problem(task: asyncio.Task[Any]) -> BaseException | None:
+        """None when the broker acked the publish; otherwise what went wrong."""
+        if task.cancelled():
+            return asyncio.CancelledError()
+        exc = task.exception()
+        if exc is not None:
+            return exc
+        confirmation = task.result()
         if isinstance(confirmation, DeliveredMessage):  # returned although on_return_raises
-            raise PublishError(confirmation, confirmation.delivery)
+            return PublishError(confirmation, confirmation.delivery)
         if not isinstance(confirmation, Basic.Ack):
-            raise _NotConfirmed(f"not confirmed by the broker ({confirmation!r})")
+            return _NotConfirmed(f"not confirmed by the broker ({confirmation!r})")
+        return None
 
     def _describe(self, exc: BaseException, envelope: EventEnvelope) -> tuple[str, bool]:
         """The error text for a failed publish and whether it means an outage."""
