@@ -86,6 +86,8 @@ from engine.settings import DEFAULT_EXCHANGE
 log = logging.getLogger("engine.relay.rabbitmq")
 
 UNAVAILABLE = "broker unavailable"
+# prepare() yields to the event loop after this many messages built.
+_PREPARE_CHUNK = 50
 
 
 class _Outage(Exception):
@@ -165,6 +167,7 @@ class RabbitMqOutboxPublisher:
         self.waiting_since: datetime | None = None
         self._lock = asyncio.Lock()
         self._closing: set[asyncio.Task[None]] = set()
+        self._prepared: dict[str, aio_pika.Message] = {}  # messages built ahead, by event id
 
     @property
     def masked_url(self) -> str:
@@ -233,10 +236,28 @@ class RabbitMqOutboxPublisher:
         if self._closing:
             await asyncio.gather(*self._closing)
 
+    async def prepare(self, envelopes: Sequence[EventEnvelope]) -> None:
+        """Build the messages of a batch the next ``publish`` will likely get.
+
+        The dispatcher calls this while it waits for the database, so the next call
+        starts sending at once. Kept for that one call only: ``publish`` builds what
+        it does not find here, and drops what it did not use.
+        """
+        prepared: dict[str, aio_pika.Message] = {}
+        for index, envelope in enumerate(envelopes, 1):
+            try:
+                prepared[envelope.event_id] = self._message(envelope)
+            except Exception:  # publish builds it again and reports the error
+                continue
+            if index % _PREPARE_CHUNK == 0:
+                await asyncio.sleep(0)  # let the database round trip go out meanwhile
+        self._prepared = prepared
+
     async def publish(self, envelopes: Sequence[EventEnvelope]) -> ExternalPublishResult:
         """Publish and await the confirms; see the module docstring for the outcomes."""
         if self._closed:
             raise OutboxError("the RabbitMQ publisher is closed: call connect() first")
+        prepared, self._prepared = self._prepared, {}
         result = ExternalPublishResult()
         firsts = [e for e in envelopes if e.attempt_count <= 1]
         # The first call doubles as the probe of a dead broker: retries with the most
@@ -253,7 +274,7 @@ class RabbitMqOutboxPublisher:
             calls = [retries[:1]] + ([retries[1:]] if retries[1:] else [])
         for index, call in enumerate(calls):
             try:
-                await self._publish_call(call, result)
+                await self._publish_call(call, result, prepared)
             except _Outage as outage:
                 error = str(outage)
                 for envelope in call:
@@ -275,7 +296,12 @@ class RabbitMqOutboxPublisher:
 
     # -- one call -------------------------------------------------------------------------
 
-    async def _publish_call(self, call: list[EventEnvelope], result: ExternalPublishResult) -> None:
+    async def _publish_call(
+        self,
+        call: list[EventEnvelope],
+        result: ExternalPublishResult,
+        prepared: dict[str, aio_pika.Message],
+    ) -> None:
         """Publish ``call`` concurrently; raise ``_Outage`` if the broker went away.
 
         An event whose publish never left this process (the channel was closed
@@ -286,7 +312,7 @@ class RabbitMqOutboxPublisher:
                 exchange = await self._ensure_connected()
         except BrokerUnavailableError as exc:
             raise _Outage(f"{UNAVAILABLE}: {exc}", sent=False) from None
-        outcomes = await self._send_all(exchange, call)
+        outcomes = await self._send_all(exchange, call, prepared)
         outage: str | None = None
         sent = False
         for envelope, outcome in zip(call, outcomes, strict=True):
@@ -307,7 +333,10 @@ class RabbitMqOutboxPublisher:
             raise _Outage(outage, sent=sent)
 
     async def _send_all(
-        self, exchange: AbstractExchange, call: list[EventEnvelope]
+        self,
+        exchange: AbstractExchange,
+        call: list[EventEnvelope],
+        prepared: dict[str, aio_pika.Message],
     ) -> list[BaseException | None]:
         """Publish every event of ``call`` at once; each one's outcome (None: confirmed).
 
@@ -319,7 +348,7 @@ class RabbitMqOutboxPublisher:
         tasks: dict[asyncio.Task[Any], int] = {}
         for index, envelope in enumerate(call):
             try:
-                message = self._message(envelope)
+                message = prepared.pop(envelope.event_id, None) or self._message(envelope)
             except Exception as exc:  # a payload JSON cannot carry (NaN): this event fails
                 outcomes[index] = exc
                 continue

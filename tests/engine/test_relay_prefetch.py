@@ -154,3 +154,24 @@ async def test_one_event_per_key_on_the_way_and_each_key_in_order(db, registry, 
         assert [i for i in published if key_of[i] == key] == [i for i in ids if key_of[i] == key]
     for batch in relay.batches:
         assert len({key_of[i] for i in batch}) == len(batch)  # never two of a key at once
+
+
+async def test_the_publisher_may_prepare_the_batch_claimed_ahead(db, registry, clock):
+    ids = await publish(db, registry, 4)
+
+    class Preparing(Relay):
+        def __init__(self, db):
+            super().__init__(db)
+            self.prepared: list[list[str]] = []
+
+        async def prepare(self, envelopes):
+            self.prepared.append([e.event_id for e in envelopes])
+
+    relay = Preparing(db)
+    dispatcher = OutboxDispatcher(
+        db, registry, clock=clock, batch_size=2, external_publisher=relay, prefetch=True
+    )
+    assert (await dispatcher.dispatch_once()).published == 2
+    assert relay.prepared == [ids[2:4]]  # built while the first batch's completion commits
+    assert (await dispatcher.dispatch_once()).published == 2
+    assert relay.batches == [ids[0:2], ids[2:4]]
