@@ -1,8 +1,9 @@
 """Claim due events, deliver them concurrently, and record each outcome under the lease.
 
-Why one module (about 550 lines): a round's claim, concurrent delivery and fenced
-writes share one batch's lease budget and in-flight state; apart, the checks of when
-a handler may still start would sit away from the writes they protect.
+Why one module (about 690 lines): a round's claim, concurrent delivery and fenced
+writes share one batch's lease budget and in-flight state (and, for a relay, the
+batch claimed ahead); apart, the checks of when a handler may still start, or a
+batch claimed ahead may still be kept, would sit away from the writes they protect.
 
 One round (``dispatch_once``):
 
@@ -18,6 +19,11 @@ One round (``dispatch_once``):
    re-runs as little finished work as possible. Every write is fenced by the
    claim's token, so a dispatcher whose lease expired (and whose rows another
    dispatcher has since reclaimed) changes nothing.
+
+With ``prefetch`` (a relay's run loop), a round that relays a full batch claims the
+next one while the confirms are outstanding and keeps it for the next round only if
+every event was published; otherwise, and on stop (``release_prefetched``), it goes
+back unattempted. See docs/dispatcher.md.
 """
 
 from __future__ import annotations

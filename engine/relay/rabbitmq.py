@@ -14,7 +14,10 @@ never published.
 Batching: publishes run concurrently and all confirms are awaited, which is
 several times faster than one by one. A round makes at most two calls: the
 first attempts together, then the retries together; a round of retries only
-sends the retry with the most attempts left alone first.
+sends the retry with the most attempts left alone first. ``confirm_timeout``
+is one deadline per call (its publishes start together). ``prepare()`` builds
+the messages of the batch the dispatcher claimed ahead while it commits the
+last round, so the next call starts sending at once.
 
 Outages: only a publish that may have reached the broker spends an attempt.
 When nothing was sent (the connect failed or was refused, or the channel was
