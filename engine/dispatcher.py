@@ -1,8 +1,9 @@
 """Claim due events, deliver them concurrently, and record each outcome under the lease.
 
-Why one module (about 550 lines): a round's claim, concurrent delivery and fenced
-writes share one batch's lease budget and in-flight state; apart, the checks of when
-a handler may still start would sit away from the writes they protect.
+Why one module (about 690 lines): a round's claim, concurrent delivery and fenced
+writes share one batch's lease budget and in-flight state (and, for a relay, the
+batch claimed ahead); apart, the checks of when a handler may still start, or a
+batch claimed ahead may still be kept, would sit away from the writes they protect.
 
 One round (``dispatch_once``):
 
@@ -18,6 +19,11 @@ One round (``dispatch_once``):
    re-runs as little finished work as possible. Every write is fenced by the
    claim's token, so a dispatcher whose lease expired (and whose rows another
    dispatcher has since reclaimed) changes nothing.
+
+With ``prefetch`` (a relay's run loop), a round that relays a full batch claims the
+next one while the confirms are outstanding and keeps it for the next round only if
+every event was published; otherwise, and on stop (``release_prefetched``), it goes
+back unattempted. See docs/dispatcher.md.
 """
 
 from __future__ import annotations
@@ -100,8 +106,10 @@ class ExternalPublisher(Protocol):
     """Delivers events somewhere else (a broker) instead of calling local handlers.
 
     It may also have ``async def ready() -> bool`` (a circuit breaker: the
-    dispatcher claims nothing while it answers False) and ``waiting_reason: str |
-    None`` (shown in heartbeats), as the RabbitMQ relay does.
+    dispatcher claims nothing while it answers False), ``waiting_reason: str |
+    None`` (shown in heartbeats) and ``async def prepare(envelopes)`` (a batch
+    claimed ahead, likely the next ``publish``: work it can do early), as the
+    RabbitMQ relay does.
     """
 
     async def publish(self, envelopes: Sequence[EventEnvelope]) -> ExternalPublishResult: ...
@@ -129,6 +137,20 @@ class _Outcome:
     reason: str | None = None
 
 
+@dataclass(slots=True)
+class _Batch:
+    """A claimed batch, decoded: deliverable envelopes by id, and the rows set apart."""
+
+    claimed_at: datetime
+    rows: list[ClaimedRow]
+    envelopes: dict[str, EventEnvelope] = field(default_factory=dict)
+    undeliverable: list[_Outcome] = field(default_factory=list)
+
+    def deliverable(self) -> list[ClaimedRow]:
+        """The rows to deliver, in claim order."""
+        return [r for r in self.rows if r.event_id in self.envelopes]
+
+
 def default_dispatcher_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
@@ -153,6 +175,7 @@ class OutboxDispatcher:
         lock_provider: LockProvider | None = None,
         observers: Sequence[DispatchObserver] = (),
         clock: Clock = utc_now,
+        prefetch: bool = False,
     ) -> None:
         if not 1 <= batch_size <= MAX_BATCH_SIZE:
             raise ConfigurationError(
@@ -185,8 +208,10 @@ class OutboxDispatcher:
         self.lock_provider = lock_provider
         self.observers = list(observers)
         self.clock = clock
+        self.prefetch = prefetch and external_publisher is not None
         self._key_cursor = ""
         self._ordered_first = True
+        self._prefetched: _Batch | None = None
 
     @property
     def start_budget(self) -> timedelta:
@@ -200,6 +225,7 @@ class OutboxDispatcher:
         in flight finish (each handler within its timeout) and are recorded.
         """
         if self.lock_provider is not None and not await self.lock_provider.acquire():
+            await self.release_prefetched()  # another dispatcher holds the lock now
             return DispatchResult()
         try:
             result = await self._round(stop)
@@ -245,8 +271,57 @@ class OutboxDispatcher:
         return store.ClaimScope(frozenset(self.served_types) - paused.event_types, paused.pairs)
 
     async def _round(self, stop: asyncio.Event | None) -> DispatchResult:
+        held, self._prefetched = self._prefetched, None
         if self.external_publisher is not None and not await self._publisher_ready():
+            await self._release(held)
             return DispatchResult()  # the broker is away: claim nothing, spend nothing
+        stopping = stop is not None and stop.is_set()
+        if held is not None and (stopping or self.clock() >= held.claimed_at + self.start_budget):
+            await self._release(held)  # stopping, or held too long to start it safely
+            held = None
+        batch = held if held is not None else await self._claim()
+        if not batch.rows:
+            return DispatchResult()
+        completions = _Completions(self, len(batch.rows))
+        completions.add_all(batch.undeliverable)
+        deliverable = batch.deliverable()
+        upcoming: asyncio.Task[_Batch] | None = None
+        clean = False
+        try:
+            if self.external_publisher is not None:
+                if stop is not None and stop.is_set():
+                    completions.add_all([_Outcome(r, "unattempted") for r in deliverable])
+                else:
+                    if self.prefetch and len(batch.rows) == self.batch_size:
+                        # A full batch: more are likely waiting. Claim the next one while this
+                        # one's confirms are outstanding, so the broker's pipeline stays full.
+                        upcoming = asyncio.create_task(self._claim())
+                    outcomes = await self._relay(deliverable, batch.envelopes)
+                    clean = all(o.kind == "published" for o in outcomes)
+                    completions.add_all(outcomes)
+            else:
+                await self._deliver(
+                    deliverable, batch.envelopes, batch.claimed_at, stop, completions
+                )
+        finally:
+            closing = asyncio.ensure_future(completions.close())
+            try:
+                if upcoming is not None and clean:
+                    await self._prepare(upcoming)  # while this round's completion commits
+            finally:
+                written = False
+                try:
+                    await closing
+                    written = True
+                finally:
+                    if upcoming is not None:
+                        stopping = stop is not None and stop.is_set()
+                        keep = written and clean and not stopping
+                        await self._keep_or_release(upcoming, keep=keep)
+        return completions.result
+
+    async def _claim(self) -> _Batch:
+        """Claim a batch in one transaction and decode it (undeliverable rows set apart)."""
         claimed_at = self.clock()
         async with self.engine.begin() as conn:
             batch = await store.claim_batch(
@@ -261,37 +336,86 @@ class OutboxDispatcher:
             )
         # Unordered and ordered rows take turns at filling the batch first.
         self._key_cursor, self._ordered_first = batch.key_cursor, not self._ordered_first
-        claimed = batch.rows
-        if not claimed:
-            return DispatchResult()
-        completions = _Completions(self, len(claimed))
-        envelopes: dict[str, EventEnvelope] = {}
-        for row in claimed:
+        claimed = _Batch(claimed_at, batch.rows)
+        for row in batch.rows:
             envelope, problem = self._decode(row)
             if envelope is None and problem.startswith("corrupt row"):
-                completions.add(_Outcome(row, "dead_letter", problem, problem))
+                claimed.undeliverable.append(_Outcome(row, "dead_letter", problem, problem))
             elif envelope is None:
-                completions.add(_Outcome(row, "dead_letter", problem, f"permanent: {problem}"))
+                claimed.undeliverable.append(
+                    _Outcome(row, "dead_letter", problem, f"permanent: {problem}")
+                )
             elif row.attempt_count > self._budget(row):
                 why = (
                     f"attempts exhausted ({row.attempt_count - 1}/{self._budget(row)}); the last "
                     "lease expired before completion (dispatcher crash or handler over the lease)"
                 )
-                completions.add(_Outcome(row, "dead_letter", why, why))
+                claimed.undeliverable.append(_Outcome(row, "dead_letter", why, why))
             else:
-                envelopes[row.event_id] = envelope
-        deliverable = [r for r in claimed if r.event_id in envelopes]
+                claimed.envelopes[row.event_id] = envelope
+        return claimed
+
+    async def _prepare(self, upcoming: asyncio.Task[_Batch]) -> None:
+        """Let the publisher build the next batch's messages ahead (``prepare``, optional).
+
+        Called while the round's completion commits, so the building is done while the
+        database works instead of before the next round's first publish. Only a speed-up:
+        if anything goes wrong here, ``publish`` builds the messages itself.
+        """
+        prepare = getattr(self.external_publisher, "prepare", None)
+        if prepare is None:
+            return
         try:
-            if self.external_publisher is not None:
-                if stop is not None and stop.is_set():
-                    completions.add_all([_Outcome(r, "unattempted") for r in deliverable])
-                else:
-                    completions.add_all(await self._relay(deliverable, envelopes))
-            else:
-                await self._deliver(deliverable, envelopes, claimed_at, stop, completions)
-        finally:
-            await completions.close()
-        return completions.result
+            batch = await upcoming
+            await prepare([batch.envelopes[r.event_id] for r in batch.deliverable()])
+        except Exception as exc:
+            log.debug("preparing the next batch ahead failed: %s", type(exc).__name__)
+
+    async def _keep_or_release(self, upcoming: asyncio.Task[_Batch], keep: bool) -> None:
+        """Keep the batch claimed ahead for the next round, or hand it back at once.
+
+        It is kept only after a round whose every event was published: after a failure
+        or an outage the next round may not come soon (idle wait, open circuit), and
+        rows held meanwhile would wait for their lease or spend an attempt.
+        """
+        try:
+            batch = await upcoming
+        except Exception as exc:  # the next round claims again; nothing was taken
+            log.debug("claiming the next batch ahead failed: %s", type(exc).__name__)
+            return
+        if keep and batch.rows:
+            self._prefetched = batch
+            return
+        try:
+            await self._release(batch)
+        except Exception as exc:  # the round's own outcome matters more; the lease expires
+            log.warning(
+                "dispatcher %s could not hand back %d event(s) claimed ahead: %s",
+                self.dispatcher_id,
+                len(batch.rows),
+                type(exc).__name__,
+            )
+
+    async def release_prefetched(self) -> None:
+        """Hand back the batch claimed ahead, if any (the run loop calls this on stop)."""
+        held, self._prefetched = self._prefetched, None
+        await self._release(held)
+
+    async def _release(self, batch: _Batch | None) -> None:
+        """Hand a batch that was claimed but never started back, spending no attempt (fenced)."""
+        if batch is None or not batch.rows:
+            return
+        claims = [(r.event_id, r.claim_version) for r in batch.rows]
+        async with self.engine.begin() as conn:
+            released = await store.release_unattempted(
+                conn, claims, store.Fence(self.dispatcher_id, self.clock())
+            )
+        if len(released) < len(claims):
+            log.warning(
+                "dispatcher %s lost the lease on %d event(s) claimed ahead",
+                self.dispatcher_id,
+                len(claims) - len(released),
+            )
 
     def _budget(self, row: ClaimedRow) -> int:
         """The row's attempt budget, unless this dispatcher overrides every row's."""

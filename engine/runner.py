@@ -129,6 +129,7 @@ def build_dispatcher(
     metrics: OutboxMetrics | None = None,
     clock: Clock = utc_now,
     idempotency_store: IdempotencyStore | None = None,
+    prefetch: bool = False,
 ) -> OutboxDispatcher:
     """An ``OutboxDispatcher`` configured from ``settings``.
 
@@ -163,6 +164,7 @@ def build_dispatcher(
         lock_provider=lock,
         observers=observers,
         clock=clock,
+        prefetch=prefetch,
     )
 
 
@@ -398,6 +400,14 @@ class _RunLoop:
                 self._storage_failed(exc, "heartbeat")
 
     async def _stop(self) -> None:
+        try:
+            await self.dispatcher.release_prefetched()
+        except STORAGE_ERRORS as exc:  # its lease expires; cleanup must not hide the outcome
+            log.warning(
+                "dispatcher %s: could not hand back the batch claimed ahead: %s",
+                self.dispatcher.dispatcher_id,
+                self._describe(exc),
+            )
         if self.listener is not None:
             try:
                 await self.listener.close()

@@ -84,7 +84,7 @@ class DispatchControl:
             return
         stack = contextlib.AsyncExitStack()
         try:
-            dispatcher = await stack.enter_async_context(open_dispatcher(self.spec))
+            dispatcher = await stack.enter_async_context(open_dispatcher(self.spec, prefetch=True))
         except BaseException:
             await stack.aclose()
             raise

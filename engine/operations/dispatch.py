@@ -64,8 +64,14 @@ async def open_dispatcher(
     *,
     purpose: Purpose = "dispatcher",
     metrics: OutboxMetrics | None = None,
+    prefetch: bool = False,
 ) -> AsyncIterator[OutboxDispatcher]:
-    """The checked database, the relay (if any) and the dispatcher; all closed on exit."""
+    """The checked database, the relay (if any) and the dispatcher; all closed on exit.
+
+    ``prefetch``: a relay claims its next batch while the confirms of the last are
+    outstanding; for a run loop (which hands that batch back when it stops), not for
+    a single round.
+    """
     spec.check()
     settings = spec.settings
     async with (
@@ -91,6 +97,7 @@ async def open_dispatcher(
             dispatcher_id=spec.dispatcher_id,
             external_publisher=publisher,
             metrics=metrics,
+            prefetch=prefetch,
         )
 
 

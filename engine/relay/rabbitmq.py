@@ -14,7 +14,10 @@ never published.
 Batching: publishes run concurrently and all confirms are awaited, which is
 several times faster than one by one. A round makes at most two calls: the
 first attempts together, then the retries together; a round of retries only
-sends the retry with the most attempts left alone first.
+sends the retry with the most attempts left alone first. ``confirm_timeout``
+is one deadline per call (its publishes start together). ``prepare()`` builds
+the messages of the batch the dispatcher claimed ahead while it commits the
+last round, so the next call starts sending at once.
 
 Outages: only a publish that may have reached the broker spends an attempt.
 When nothing was sent (the connect failed or was refused, or the channel was
@@ -86,6 +89,8 @@ from engine.settings import DEFAULT_EXCHANGE
 log = logging.getLogger("engine.relay.rabbitmq")
 
 UNAVAILABLE = "broker unavailable"
+# prepare() yields to the event loop after this many messages built.
+_PREPARE_CHUNK = 50
 
 
 class _Outage(Exception):
@@ -165,6 +170,7 @@ class RabbitMqOutboxPublisher:
         self.waiting_since: datetime | None = None
         self._lock = asyncio.Lock()
         self._closing: set[asyncio.Task[None]] = set()
+        self._prepared: dict[str, aio_pika.Message] = {}  # messages built ahead, by event id
 
     @property
     def masked_url(self) -> str:
@@ -233,10 +239,28 @@ class RabbitMqOutboxPublisher:
         if self._closing:
             await asyncio.gather(*self._closing)
 
+    async def prepare(self, envelopes: Sequence[EventEnvelope]) -> None:
+        """Build the messages of a batch the next ``publish`` will likely get.
+
+        The dispatcher calls this while it waits for the database, so the next call
+        starts sending at once. Kept for that one call only: ``publish`` builds what
+        it does not find here, and drops what it did not use.
+        """
+        prepared: dict[str, aio_pika.Message] = {}
+        for index, envelope in enumerate(envelopes, 1):
+            try:
+                prepared[envelope.event_id] = self._message(envelope)
+            except Exception:  # publish builds it again and reports the error
+                continue
+            if index % _PREPARE_CHUNK == 0:
+                await asyncio.sleep(0)  # let the database round trip go out meanwhile
+        self._prepared = prepared
+
     async def publish(self, envelopes: Sequence[EventEnvelope]) -> ExternalPublishResult:
         """Publish and await the confirms; see the module docstring for the outcomes."""
         if self._closed:
             raise OutboxError("the RabbitMQ publisher is closed: call connect() first")
+        prepared, self._prepared = self._prepared, {}
         result = ExternalPublishResult()
         firsts = [e for e in envelopes if e.attempt_count <= 1]
         # The first call doubles as the probe of a dead broker: retries with the most
@@ -253,7 +277,7 @@ class RabbitMqOutboxPublisher:
             calls = [retries[:1]] + ([retries[1:]] if retries[1:] else [])
         for index, call in enumerate(calls):
             try:
-                await self._publish_call(call, result)
+                await self._publish_call(call, result, prepared)
             except _Outage as outage:
                 error = str(outage)
                 for envelope in call:
@@ -275,7 +299,12 @@ class RabbitMqOutboxPublisher:
 
     # -- one call -------------------------------------------------------------------------
 
-    async def _publish_call(self, call: list[EventEnvelope], result: ExternalPublishResult) -> None:
+    async def _publish_call(
+        self,
+        call: list[EventEnvelope],
+        result: ExternalPublishResult,
+        prepared: dict[str, aio_pika.Message],
+    ) -> None:
         """Publish ``call`` concurrently; raise ``_Outage`` if the broker went away.
 
         An event whose publish never left this process (the channel was closed
@@ -286,9 +315,7 @@ class RabbitMqOutboxPublisher:
                 exchange = await self._ensure_connected()
         except BrokerUnavailableError as exc:
             raise _Outage(f"{UNAVAILABLE}: {exc}", sent=False) from None
-        outcomes = await asyncio.gather(
-            *(self._publish_one(exchange, e) for e in call), return_exceptions=True
-        )
+        outcomes = await self._send_all(exchange, call, prepared)
         outage: str | None = None
         sent = False
         for envelope, outcome in zip(call, outcomes, strict=True):
@@ -308,12 +335,53 @@ class RabbitMqOutboxPublisher:
             self._broken = True
             raise _Outage(outage, sent=sent)
 
-    async def _publish_one(self, exchange: AbstractExchange, envelope: EventEnvelope) -> None:
-        """Publish one event; returns when confirmed, raises otherwise."""
+    async def _send_all(
+        self,
+        exchange: AbstractExchange,
+        call: list[EventEnvelope],
+        prepared: dict[str, aio_pika.Message],
+    ) -> list[BaseException | None]:
+        """Publish every event of ``call`` at once; each one's outcome (None: confirmed).
+
+        One task per publish (aio-pika's own coroutine, no wrapper of ours) and one
+        deadline for the call: every publish of a call starts together, so a deadline
+        each would be the same instant at the cost of a timer per message.
+        """
+        outcomes: list[BaseException | None] = [None] * len(call)
+        tasks: dict[asyncio.Task[Any], int] = {}
+        for index, envelope in enumerate(call):
+            try:
+                message = prepared.pop(envelope.event_id, None) or self._message(envelope)
+            except Exception as exc:  # a payload JSON cannot carry (NaN): this event fails
+                outcomes[index] = exc
+                continue
+            publish = exchange.publish(message, routing_key=envelope.event_type, mandatory=True)
+            tasks[asyncio.ensure_future(publish)] = index
+        if not tasks:
+            return outcomes
+        try:
+            _done, late = await asyncio.wait(tasks, timeout=self.confirm_timeout)
+        except BaseException:  # cancelled: take the publishes down too, as gather would
+            for task in tasks:
+                task.cancel()
+            await asyncio.wait(tasks)
+            raise
+        for task in late:
+            task.cancel()
+        if late:
+            await asyncio.wait(late)
+        for task, index in tasks.items():
+            outcomes[index] = (
+                TimeoutError() if task in late else self._confirmation_problem(task)
+            )
+        return outcomes
+
+    def _message(self, envelope: EventEnvelope) -> aio_pika.Message:
+        """The persistent AMQP message of one event; its body is encoded once, here."""
         event = to_cloudevent(
             envelope, source_prefix=self.source_prefix, new_span_id=self._new_span_id
         )
-        message = aio_pika.Message(
+        return aio_pika.Message(
             encode_cloudevent(event),
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
             message_id=envelope.event_id,
@@ -322,16 +390,21 @@ class RabbitMqOutboxPublisher:
             type=envelope.event_type,
             app_id=event["source"],
         )
-        confirmation = await exchange.publish(
-            message,
-            routing_key=envelope.event_type,
-            mandatory=True,
-            timeout=self.confirm_timeout,
-        )
+
+    @staticmethod
+    def _confirmation_problem(task: asyncio.Task[Any]) -> BaseException | None:
+        """None when the broker acked the publish; otherwise what went wrong."""
+        if task.cancelled():
+            return asyncio.CancelledError()
+        exc = task.exception()
+        if exc is not None:
+            return exc
+        confirmation = task.result()
         if isinstance(confirmation, DeliveredMessage):  # returned although on_return_raises
-            raise PublishError(confirmation, confirmation.delivery)
+            return PublishError(confirmation, confirmation.delivery)
         if not isinstance(confirmation, Basic.Ack):
-            raise _NotConfirmed(f"not confirmed by the broker ({confirmation!r})")
+            return _NotConfirmed(f"not confirmed by the broker ({confirmation!r})")
+        return None
 
     def _describe(self, exc: BaseException, envelope: EventEnvelope) -> tuple[str, bool]:
         """The error text for a failed publish and whether it means an outage."""

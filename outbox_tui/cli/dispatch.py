@@ -237,7 +237,7 @@ async def _dispatch(
     starting: list[bool],
 ) -> RunSummary:
     with _metrics(inv) as (metrics, port):
-        async with open_dispatcher(spec, metrics=metrics) as dispatcher:
+        async with open_dispatcher(spec, metrics=metrics, prefetch=True) as dispatcher:
             reporter.started(_run_details(inv, spec, port))
             starting[0] = False  # from here on a signal lets the loop finish its round
             try:

@@ -481,3 +481,21 @@ async def test_the_same_publisher_reconnects_after_the_broker_returns(
     assert notable[0].getMessage().startswith("broker unavailable: ")
     assert notable[1].getMessage().endswith("is back; publishing again")
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # aiormq noise
+
+
+@pytest.mark.rabbitmq
+async def test_messages_prepared_ahead_are_sent_once_and_the_unused_dropped(
+    amqp_url, topology
+):
+    await topology.bind()
+    sent, unused = envelope(), envelope()
+    async with RabbitMqOutboxPublisher(amqp_url, exchange=topology.exchange) as relay:
+        await relay.prepare([sent, unused])
+        result = await relay.publish([sent])
+        assert result == ExternalPublishResult(published={sent.event_id})
+        assert relay._prepared == {}  # kept for one call only
+        again = await relay.publish([sent])  # built anew when nothing was prepared
+        assert again == ExternalPublishResult(published={sent.event_id})
+    received = await topology.drain({sent.event_id}, wait_seconds=10)
+    assert {m.message_id for m in received} == {sent.event_id}  # the unused one never went out
+    assert all(m.delivery_mode == 2 for m in received)
