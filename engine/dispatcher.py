@@ -1,6 +1,6 @@
 """Claim due events, deliver them concurrently, and record each outcome under the lease.
 
-Why one module (about 690 lines): a round's claim, concurrent delivery and fenced
+Why one module (about 720 lines): a round's claim, concurrent delivery and fenced
 writes share one batch's lease budget and in-flight state (and, for a relay, the
 batch claimed ahead); apart, the checks of when a handler may still start, or a
 batch claimed ahead may still be kept, would sit away from the writes they protect.
