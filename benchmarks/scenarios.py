@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks import drains, peer_amqp, peer_pgqueuer, producing, support
+from benchmarks import drains, peer_amqp, peer_pgqueuer, producing, sqlite_drain, support
 from benchmarks.support import Context
 
 Run = Callable[[], Awaitable[dict[str, Any]]]
@@ -42,6 +42,7 @@ class Sizes:
     latency_gaps: tuple[float, float] = (0.12, 0.3)
     peer_loop: str = "uvloop"
     peer_io_max_tasks: int | None = None
+    sqlite_drain: int = 20_000
 
 
 def record(sid: str, title: str, **fields: Any) -> dict[str, Any]:
@@ -349,4 +350,30 @@ async def latency(ctx: Context, sizes: Sizes) -> dict[str, Any]:
         p99_ms=run["p99_ms"],
         target="p50 < 20 ms",
         met=run["p50_ms"] < 20,
+    )
+
+
+# -- j: the drain on SQLite against its own SQL floor ------------------------------------
+
+
+async def sqlite_floor(ctx: Context, sizes: Sizes) -> dict[str, Any]:
+    """One dispatcher (SQLite has one writer at a time) / the claim + complete loop."""
+    n = sizes.sqlite_drain
+    runs = await alternate(
+        sizes.repeats,
+        [
+            ("ours", lambda: sqlite_drain.ours(ctx, n)),
+            ("floor", lambda: sqlite_drain.floor(ctx, n)),
+        ],
+    )
+    result = ratio(runs["ours"], runs["floor"])
+    return record(
+        "j",
+        f"j. drain {n:,} on SQLite: ours / SQL floor (same claim + complete by hand, 1 process)",
+        unit="events/s",
+        ours=side(f"outbox-tui --dispatch ×1, batch {ctx.batch_size}", runs["ours"]),
+        peer=side("claim_batch + mark_published loop, ×1", runs["floor"]),
+        target=">= 0.8",
+        met=met(result["ratio"], ">= 0.8"),
+        **result,
     )
