@@ -67,6 +67,8 @@ SMOKE = Sizes(
     latency_events=6,
     latency_gaps=(0.12, 0.2),
     sqlite_drain=400,
+    console=(300, 3_000),
+    console_watch_seconds=0.5,
 )
 
 
@@ -84,7 +86,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--broker-pid", type=int, default=None, help="count its CPU too")
     parser.add_argument("--only", default=ALL, help="scenario letters, e.g. a,d,e")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, one repeat (~1 min)")
-    parser.add_argument("--large", action="store_true", help="add f: 1,000,000 events")
+    parser.add_argument("--large", action="store_true", help="add f and k: 1,000,000 events (rows)")
     parser.add_argument("--no-peer", action="store_true", help="skip pgqueuer")
     parser.add_argument("--repeats", type=int, help="alternations per comparison (default 3)")
     parser.add_argument("--events", type=int, help="drain size of a and d (default 100,000)")
@@ -132,7 +134,7 @@ def sizes_from(args: argparse.Namespace) -> Sizes:
     }
     sizes = replace(sizes, **{k: v for k, v in chosen.items() if v is not None})
     if args.large:
-        sizes = replace(sizes, large=args.large_events)
+        sizes = replace(sizes, large=args.large_events, console=(100_000, args.large_events))
     return sizes
 
 
@@ -233,6 +235,7 @@ def plan(ctx: Context, sizes: Sizes, args: argparse.Namespace) -> list[Step]:
         "h": ("h write path", lambda: scenarios.write_path(ctx, sizes)),
         "i": ("i wake-up latency", lambda: scenarios.latency(ctx, sizes)),
         "j": ("j SQLite drain", lambda: scenarios.sqlite_floor(ctx, sizes)),
+        "k": ("k console rows", lambda: scenarios.console_rows(ctx, sizes)),
     }
     steps += [one[c] for c in only if c in one]
     return steps
