@@ -100,7 +100,7 @@ def _cells(*cells: str) -> str:
 DATABASE_NAMES = {"postgresql": "PostgreSQL", "sqlite": "SQLite"}
 
 
-def console_cells(rec: dict[str, Any]) -> tuple[str, str, str, str]:
+def console_cells(rec: dict[str, Any], cores: int) -> tuple[str, str, str, str]:
     """Scenario k: (figure, at the large size, at the small size, what bounds it)."""
     small_n, large_n = rec["rows"]
     dbs = rec["databases"]
@@ -123,7 +123,16 @@ def console_cells(rec: dict[str, Any]) -> tuple[str, str, str, str]:
     bounds = []
     for db, side in dbs.items():
         part, ms = max(side["parts_ms"].items(), key=lambda item: item[1])
-        bounds.append(f"{names[db]}: {part} {ms:.0f} of {side['refresh_ms']:.0f} ms")
+        runs = side["small"]["runs"] + side["large"]["runs"]
+        others = [
+            max(0.0, (r.get("machine_busy") or 0.0) * cores - r.get("console_cores", 0.0))
+            for r in runs
+        ]
+        bounds.append(
+            f"{names[db]}: {part} {ms:.0f} of {side['refresh_ms']:.0f} ms; console "
+            f"{max(r.get('console_cores', 0.0) for r in runs):.1f} cores, other load "
+            f"{max(others):.1f}"
+        )
     return figure, at("large", large_n), at("small", small_n), "<br>".join(bounds)
 
 
@@ -134,7 +143,7 @@ def table_row(rec: dict[str, Any], cores: int) -> str:
         figure = f"{rec['status']}: {rec.get('reason', '')}"
         return _cells(rec["title"], figure, _side_cell(rec.get("ours"), unit), "—", target, "—")
     if unit == "console":
-        figure, ours, other, bounds = console_cells(rec)
+        figure, ours, other, bounds = console_cells(rec, cores)
         target += " ✓" if rec["met"] else " ✗"
         return _cells(rec["title"], figure, ours, other, target, bounds)
     if unit == "ms":
@@ -242,7 +251,9 @@ HOW_TO_READ = [
     "  10 ms ticker records how late the event loop wakes it (the stall), and reads the",
     "  process's peak RSS; then times one refresh's queries (overview, paused backlog, top",
     "  types, first page of 100), median of 5. RSS ratio: peak at the large size / at the",
-    "  small one (flat is 1). What bounds it: the slowest of those queries.",
+    "  small one (flat is 1). What bounds it: the slowest of those queries, the console's",
+    "  CPU (cores, most of any run) and other load on the machine during it (a stall on a",
+    "  saturated machine may be the scheduler's, not the console's).",
     "- What bounds it: CPU seconds per wall second of the workers (py), of this database's",
     "  PostgreSQL backends (pg) and of the broker (mq), sampled from /proc during the",
     "  median run; the machine's busy share (other load on a shared machine shows as the",

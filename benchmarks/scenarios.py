@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import resource
 import statistics
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +26,7 @@ from benchmarks import (
     producing,
     sqlite_drain,
     support,
+    usage,
 )
 from benchmarks.support import Context
 
@@ -53,7 +56,7 @@ class Sizes:
     latency_gaps: tuple[float, float] = (0.12, 0.3)
     peer_loop: str = "uvloop"
     peer_io_max_tasks: int | None = None
-    sqlite_drain: int = 20_000
+    sqlite_drain: int = 100_000  # a SQLite drain is fast: shorter runs are mostly poll noise
     console: tuple[int, int] | None = None  # (100_000, 1_000_000) with --large
     console_watch_seconds: float = 5.0
 
@@ -402,6 +405,8 @@ async def _console_run(ctx: Context, url: str, watch_seconds: float) -> dict[str
     """One ``console_million_rows --measure`` in a fresh process: its RSS is the console's."""
     env = support.Fleet(ctx.workdir).env({"OUTBOX_DATABASE_URL": url})
     argv = [sys.executable, "-m", "benchmarks.console_million_rows", "--measure"]
+    before, wall0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+    machine0 = usage.machine_ticks()
     proc = await asyncio.create_subprocess_exec(
         *argv,
         "--watch-seconds",
@@ -415,7 +420,14 @@ async def _console_run(ctx: Context, url: str, watch_seconds: float) -> dict[str
     if proc.returncode != 0:
         tail = err.decode(errors="replace")[-2000:]
         raise support.WorkerFailed(f"console measure exited with {proc.returncode}:\n{tail}")
-    return dict(json.loads(out.decode().strip().splitlines()[-1]))
+    run = dict(json.loads(out.decode().strip().splitlines()[-1]))
+    # A stall is the console's or the machine's: other load on a shared machine shows here.
+    after, wall = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter() - wall0
+    busy, _iowait, total = (b - a for a, b in zip(machine0, usage.machine_ticks(), strict=True))
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    run["console_cores"] = round(cpu / wall, 2)
+    run["machine_busy"] = round(busy / total, 2) if total else None
+    return run
 
 
 def _console_side(small: dict[str, Any], large: dict[str, Any]) -> dict[str, Any]:
