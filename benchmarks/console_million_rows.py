@@ -260,6 +260,7 @@ async def console_figures(url: str, watch_seconds: float = 5.0) -> dict[str, Any
         while not table.events or table.events[0].id >= before:  # noqa: ASYNC110
             await asyncio.sleep(0.005)
         page = (time.perf_counter() - started) * 1000
+        paging = len(stalls)  # the stalls so far were the page's, the rest the refreshes'
         seen = app.main.refreshes
         await asyncio.sleep(watch_seconds)  # timed refreshes every 0.5 s
         refreshes = app.main.refreshes - seen
@@ -274,6 +275,8 @@ async def console_figures(url: str, watch_seconds: float = 5.0) -> dict[str, Any
         "stall_median_ms": round(statistics.median(ordered), 1),
         "stall_p99_ms": round(ordered[int(len(ordered) * 0.99)], 1),
         "stall_max_ms": round(ordered[-1], 1),
+        "stall_paging_max_ms": round(max(stalls[:paging], default=0.0), 1),
+        "stall_refresh_max_ms": round(max(stalls[paging:], default=0.0), 1),
         "peak_rss_mb": peak_rss_mb(),
     }
 

@@ -172,7 +172,10 @@ def notes(records: list[dict[str, Any]]) -> list[str]:
                     f"- k: {DATABASE_NAMES.get(db, db)}: first screen "
                     f"{max(r['first_screen_ms'] for r in runs):.0f} ms at most, an older page "
                     f"{max(r['older_page_ms'] for r in runs):.0f} ms, event-loop stall p99 "
-                    f"{max(r['stall_p99_ms'] for r in runs):.0f} ms; rows filled in "
+                    f"{max(r['stall_p99_ms'] for r in runs):.0f} ms, longest stall while "
+                    f"paging {max(r.get('stall_paging_max_ms', 0.0) for r in runs):.0f} ms, "
+                    f"while refreshing {max(r.get('stall_refresh_max_ms', 0.0) for r in runs):.0f}"
+                    " ms; rows filled in "
                     f"{side['small']['fill_seconds'] + side['large']['fill_seconds']:.0f} s."
                 )
         if rec.get("hot_key"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import resource
 import statistics
 import sys
@@ -403,7 +404,8 @@ DATABASES = (("postgresql", "PostgreSQL"), ("sqlite", "SQLite"))
 
 async def _console_run(ctx: Context, url: str, watch_seconds: float) -> dict[str, Any]:
     """One ``console_million_rows --measure`` in a fresh process: its RSS is the console's."""
-    env = support.Fleet(ctx.workdir).env({"OUTBOX_DATABASE_URL": url})
+    path = os.pathsep.join(filter(None, [str(support.ROOT), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONPATH=path, OUTBOX_DATABASE_URL=url)
     argv = [sys.executable, "-m", "benchmarks.console_million_rows", "--measure"]
     before, wall0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
     machine0 = usage.machine_ticks()
