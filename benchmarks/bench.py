@@ -19,6 +19,10 @@ Scenarios (see docs/BENCHMARKS.md for the last run and how each is measured):
   g  relay to RabbitMQ / raw aio-pika confirmed publishes of the same size
   h  8 producers: business row + outbox event / business row alone (a cost)
   i  wake-up latency, producer commit → handler start, with NOTIFY after commit
+  j  drain on SQLite (a file in the workdir): 1 × outbox-tui --dispatch / the same claim and
+     completion statements run by hand in a loop
+  k  the console at 1,000,000 rows on PostgreSQL and SQLite: a full refresh, the longest
+     event-loop stall, memory at 1,000,000 / 100,000 (only with --large)
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from benchmarks.scenarios import Sizes
 from benchmarks.support import Context
 from engine import create_engine, create_schema
 
-ALL = "abcdefghi"
+ALL = "abcdefghijk"
 SMOKE = Sizes(
     repeats=1,
     drain=400,
@@ -62,6 +66,9 @@ SMOKE = Sizes(
     write_pairs=1,
     latency_events=6,
     latency_gaps=(0.12, 0.2),
+    sqlite_drain=400,
+    console=(300, 3_000),
+    console_watch_seconds=0.5,
 )
 
 
@@ -79,7 +86,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--broker-pid", type=int, default=None, help="count its CPU too")
     parser.add_argument("--only", default=ALL, help="scenario letters, e.g. a,d,e")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, one repeat (~1 min)")
-    parser.add_argument("--large", action="store_true", help="add f: 1,000,000 events")
+    parser.add_argument("--large", action="store_true", help="add f and k: 1,000,000 events (rows)")
     parser.add_argument("--no-peer", action="store_true", help="skip pgqueuer")
     parser.add_argument("--repeats", type=int, help="alternations per comparison (default 3)")
     parser.add_argument("--events", type=int, help="drain size of a and d (default 100,000)")
@@ -91,6 +98,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--large-repeats", type=int, default=1)
     parser.add_argument("--write-seconds", type=float, help="h, per slot (default 3)")
     parser.add_argument("--latency-events", type=int, help="i (default 150)")
+    parser.add_argument("--sqlite-events", type=int, help="j (default 100,000)")
     parser.add_argument("--batch-size", type=int, default=500)
     parser.add_argument(
         "--peer-loop", choices=("uvloop", "asyncio"), default="uvloop", help="pgqueuer's loop"
@@ -121,11 +129,12 @@ def sizes_from(args: argparse.Namespace) -> Sizes:
         "relay": args.relay_events,
         "write_seconds": args.write_seconds,
         "latency_events": args.latency_events,
+        "sqlite_drain": args.sqlite_events,
         "peer_loop": args.peer_loop,
     }
     sizes = replace(sizes, **{k: v for k, v in chosen.items() if v is not None})
     if args.large:
-        sizes = replace(sizes, large=args.large_events)
+        sizes = replace(sizes, large=args.large_events, console=(100_000, args.large_events))
     return sizes
 
 
@@ -225,6 +234,8 @@ def plan(ctx: Context, sizes: Sizes, args: argparse.Namespace) -> list[Step]:
         "g": ("g relay", lambda: scenarios.relay(ctx, sizes)),
         "h": ("h write path", lambda: scenarios.write_path(ctx, sizes)),
         "i": ("i wake-up latency", lambda: scenarios.latency(ctx, sizes)),
+        "j": ("j SQLite drain", lambda: scenarios.sqlite_floor(ctx, sizes)),
+        "k": ("k console rows", lambda: scenarios.console_rows(ctx, sizes)),
     }
     steps += [one[c] for c in only if c in one]
     return steps

@@ -1,29 +1,34 @@
-"""Is the console still responsive with a million outbox rows? Times the queries it runs.
+"""Is the console still responsive with a million outbox rows? Scenario k of make bench.
 
 Usage:
-    python benchmarks/console_million_rows.py [--database-url URL] [--rows N] [--rebuild]
+    python -m benchmarks.console_million_rows [--database-url URL] [--rows N] [--rebuild]
+        [--measure] [--watch-seconds S]      (the URL also from OUTBOX_DATABASE_URL)
 
-Without a URL it builds (once; reused afterwards unless --rebuild) a SQLite file at
-``/tmp/outbox-console-1m.db``. A PostgreSQL URL names a database that is filled when its
-outbox is empty. Rows are bulk inserted with executemany, 50,000 per transaction, in a
-realistic mix: mostly published, some pending, failed, dead-letter and publishing rows,
-three tenants, two event types, created over the last 30 days.
+``grow`` adds rows until the outbox holds N (bulk inserted with executemany, 50,000 per
+transaction) in a realistic mix: mostly published, some pending, failed, dead-letter and
+publishing rows, three tenants, two event types, created over the last 30 days. Without
+a URL the table is a SQLite file at ``/tmp/outbox-console-1m.db``, reused unless --rebuild.
 
-Then it times what one console refresh asks (``overview()`` and the first page of
-``events_page``), paging deep into the table, each filter, a detail, a replay summary,
-and finally runs the real console headless (``make_app`` + ``run_test``) while measuring
-how long the event loop is ever blocked: the figure that says "the UI never waits".
+``measure`` (``--measure``: one JSON line, what the harness reads from a fresh process so
+that its memory is the console's alone) runs the real console headless (``make_app`` +
+``run_test``) while a ticker measures how long the event loop is ever blocked, reads its
+peak RSS, then times what one console refresh asks (overview, paused backlog, top types,
+the first page of events). Without --measure the script also times paging deep into the
+table, each filter, a detail and a replay summary, one line each.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
 import random
 import statistics
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import func, insert, select
@@ -31,6 +36,7 @@ from sqlalchemy import func, insert, select
 from engine import create_engine, create_schema
 from engine.clock import uuid7
 from engine.insights import EventFilter, OutboxInsights
+from engine.operations import paused_backlog
 from engine.schema import outbox_events
 from engine.settings import DispatcherSettings
 
@@ -91,8 +97,14 @@ def _rows(count: int, now: datetime, rng: random.Random) -> list[dict[str, Any]]
     return rows
 
 
-async def fill(url: str, rows: int, rebuild: bool) -> float | None:
-    """Create and fill the outbox unless it already holds rows; returns seconds taken."""
+async def grow(
+    url: str,
+    rows: int,
+    *,
+    rebuild: bool = False,
+    progress: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Add rows until the outbox holds ``rows``; returns how many were added and how fast."""
     engine = create_engine(url)
     try:
         if rebuild:
@@ -101,23 +113,25 @@ async def fill(url: str, rows: int, rebuild: bool) -> float | None:
         await create_schema(engine)
         async with engine.connect() as conn:
             present = (await conn.execute(select(func.count()).select_from(outbox_events))).scalar()
-        if present:
-            print(f"reusing {present:,} rows at {engine.url.render_as_string(hide_password=True)}")
-            return None
-        rng = random.Random(1)
+        rng = random.Random(present or 1)
         now = datetime.now(UTC)
         started = time.perf_counter()
-        done = 0
+        done = present or 0
         while done < rows:
             batch = _rows(min(CHUNK, rows - done), now, rng)
             async with engine.begin() as conn:
                 await conn.execute(insert(outbox_events), batch)
             done += len(batch)
-            print(f"\r  inserted {done:,} rows", end="", flush=True)
-        print()
-        async with engine.begin() as conn:  # planner statistics, as autovacuum would
-            await conn.exec_driver_sql("ANALYZE outbox_events")
-        return time.perf_counter() - started
+            if progress is not None:
+                progress(done)
+        if done > (present or 0):
+            async with engine.begin() as conn:  # planner statistics, as autovacuum would
+                await conn.exec_driver_sql("ANALYZE outbox_events")
+        return {
+            "rows": done,
+            "added": done - (present or 0),
+            "seconds": round(time.perf_counter() - started, 1),
+        }
     finally:
         await engine.dispose()
 
@@ -134,7 +148,7 @@ async def timed(name: str, call: Callable[[], Awaitable[Any]], repeat: int = 5) 
 
 async def query_figures(url: str) -> None:
     engine = create_engine(url)
-    insights = OutboxInsights(engine, retention_seconds=7 * 24 * 3600)
+    insights = _insights(engine)
     try:
         snap = await timed("overview() (one refresh's counts)", insights.overview)
         counts = ", ".join(f"{k}={v:,}" for k, v in snap.counts.items())
@@ -172,7 +186,47 @@ async def query_figures(url: str) -> None:
         await engine.dispose()
 
 
-async def console_figures(url: str) -> None:
+def _insights(engine: Any) -> OutboxInsights:
+    return OutboxInsights(engine, retention_seconds=7 * 24 * 3600)
+
+
+async def refresh_figures(url: str, repeat: int = 5) -> dict[str, Any]:
+    """Milliseconds of one console refresh (what ``MainScreen._poll`` asks), median of
+    ``repeat``, and of each of its parts: the slowest part is what bounds it."""
+    engine = create_engine(url)
+    insights = _insights(engine)
+    parts: dict[str, Callable[[], Awaitable[Any]]] = {
+        "overview": insights.overview,
+        "paused_backlog": lambda: paused_backlog(engine),
+        "top_types": lambda: insights.top_types(limit=5),
+        "first_page": lambda: insights.events_page(limit=100),
+    }
+    samples: dict[str, list[float]] = {name: [] for name in [*parts, "refresh"]}
+    try:
+        await insights.overview()  # warm the pool and the statement caches
+        for _ in range(repeat):
+            total = 0.0
+            for name, call in parts.items():
+                started = time.perf_counter()
+                await call()
+                took = (time.perf_counter() - started) * 1000
+                samples[name].append(took)
+                total += took
+            samples["refresh"].append(total)
+    finally:
+        await engine.dispose()
+    return {f"{name}_ms": round(statistics.median(v), 1) for name, v in samples.items()}
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory (VmHWM), in MB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
+
+
+async def console_figures(url: str, watch_seconds: float = 5.0) -> dict[str, Any]:
     """The real console, headless: first screen, paging, and the longest event-loop stall."""
     from outbox_tui.app import ConsoleConfig, make_app
     from outbox_tui.apps import load_registry
@@ -206,33 +260,53 @@ async def console_figures(url: str) -> None:
         while not table.events or table.events[0].id >= before:  # noqa: ASYNC110
             await asyncio.sleep(0.005)
         page = (time.perf_counter() - started) * 1000
+        paging = len(stalls)  # the stalls so far were the page's, the rest the refreshes'
         seen = app.main.refreshes
-        await asyncio.sleep(5)  # timed refreshes every 0.5 s
+        await asyncio.sleep(watch_seconds)  # timed refreshes every 0.5 s
         refreshes = app.main.refreshes - seen
         stop.set()
         await tick
-    print(
-        f"  console: first screen {first_screen:.0f} ms, older page {page:.0f} ms, "
-        f"{refreshes} refreshes in 5 s"
-    )
-    print(
-        f"  console: event loop stalls  median {statistics.median(stalls):.1f} ms, "
-        f"p99 {sorted(stalls)[int(len(stalls) * 0.99)]:.1f} ms, max {max(stalls):.1f} ms"
-    )
+    ordered = sorted(stalls)
+    return {
+        "first_screen_ms": round(first_screen, 1),
+        "older_page_ms": round(page, 1),
+        "refreshes": refreshes,
+        "watch_seconds": watch_seconds,
+        "stall_median_ms": round(statistics.median(ordered), 1),
+        "stall_p99_ms": round(ordered[int(len(ordered) * 0.99)], 1),
+        "stall_max_ms": round(ordered[-1], 1),
+        "stall_paging_max_ms": round(max(stalls[:paging], default=0.0), 1),
+        "stall_refresh_max_ms": round(max(stalls[paging:], default=0.0), 1),
+        "peak_rss_mb": peak_rss_mb(),
+    }
+
+
+async def measure(url: str, watch_seconds: float = 5.0) -> dict[str, Any]:
+    """The console first (its peak RSS must not include the timing loop), then a refresh."""
+    figures = await console_figures(url, watch_seconds)
+    figures.update(await refresh_figures(url))
+    return figures
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--database-url", default=DEFAULT_URL)
-    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    # From the environment too: a password in argv would show in every process listing.
+    parser.add_argument(
+        "--database-url", default=os.environ.get("OUTBOX_DATABASE_URL", DEFAULT_URL)
+    )
+    parser.add_argument("--rows", type=int, default=1_000_000, help="grow the outbox to N")
     parser.add_argument("--rebuild", action="store_true")
+    parser.add_argument("--measure", action="store_true", help="only measure; print JSON")
+    parser.add_argument("--watch-seconds", type=float, default=5.0)
     args = parser.parse_args()
-    took = await fill(args.database_url, args.rows, args.rebuild)
-    if took is not None:
-        print(f"built {args.rows:,} rows in {took:.0f} s")
+    if args.measure:
+        print(json.dumps(await measure(args.database_url, args.watch_seconds)))
+        return
+    grown = await grow(args.database_url, args.rows, rebuild=args.rebuild)
+    print(f"{grown['rows']:,} rows ({grown['added']:,} added in {grown['seconds']:.0f} s)")
     print("insights queries:")
     await query_figures(args.database_url)
-    await console_figures(args.database_url)
+    print(json.dumps(await measure(args.database_url, args.watch_seconds), indent=2))
 
 
 if __name__ == "__main__":

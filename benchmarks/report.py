@@ -4,7 +4,9 @@
 run: CPU seconds per wall second of the workers (Python), of this database's PostgreSQL
 backends and of the broker, the whole machine's busy share (/proc/stat: other load on a
 shared machine shows here), and the share of wall time PostgreSQL spent in WAL fsync
-(``track_wal_io_timing``).
+(``track_wal_io_timing``). A SQLite run has no server to ask: the machine's iowait share
+stands in for what its fsyncs cost. The console row (k) has no rates: its figures are
+times and memory, and its bound is the slowest query of a refresh.
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ def bound(usage: dict[str, Any], cores: int) -> str:
     """One short line: the verdict, then cores used by whom (and by other load), fsync share.
 
     CPU (X): the run used three quarters of the machine itself, X the most. Shared CPU:
-    the machine was saturated but a fifth or more of it went to other load. fsync: WAL
-    syncs took a quarter or more of wall time. Otherwise round trips and waits.
+    the machine was saturated but a fifth or more of it went to other load. One core: the
+    workers ran their single thread flat out (a process cannot use more). fsync: WAL
+    syncs took a quarter or more of wall time (SQLite: iowait a quarter of a core or
+    more). Otherwise round trips and waits.
     """
     if not usage:
         return "n/a"
@@ -39,14 +43,21 @@ def bound(usage: dict[str, Any], cores: int) -> str:
     harness = usage.get("harness_cores", 0.0)
     others = max(0.0, (usage.get("machine_busy") or 0.0) * cores - ours - harness)
     fsync = usage.get("fsync_busy")
+    iowait = usage.get("machine_iowait")
+    processes = usage.get("worker_processes") or 0
+    per_process = cpu[("py", "Python")] / processes if processes else 0.0
     (_, top), top_cores = max(cpu.items(), key=lambda item: item[1])
     heavy = f"{top}-heavy" if ours and top_cores / ours >= 0.6 else "mixed"
     if ours >= 0.75 * cores:
         verdict = f"CPU ({top})"
     elif others >= 0.2 * cores and ours + others + harness >= 0.9 * cores:
         verdict = f"shared CPU ({heavy})"
+    elif per_process >= 0.85:
+        verdict = "one core per process (Python)"
     elif fsync is not None and fsync >= 0.25:
         verdict = "fsync per commit"
+    elif fsync is None and iowait is not None and iowait * cores >= 0.25:
+        verdict = "fsync per commit (iowait)"
     else:
         verdict = f"round trips ({heavy})"
     used = [f"{short} {value:.1f}" for (short, _), value in cpu.items() if value >= 0.05]
@@ -54,6 +65,8 @@ def bound(usage: dict[str, Any], cores: int) -> str:
     detail += f" cores; other load {others:.1f}"
     if fsync is not None:
         detail += f"; fsync {fsync:.0%} of wall"
+    elif iowait is not None:
+        detail += f"; iowait {iowait * cores:.2f} cores"
     return f"{verdict}: {detail}"
 
 
@@ -84,12 +97,55 @@ def _cells(*cells: str) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
+DATABASE_NAMES = {"postgresql": "PostgreSQL", "sqlite": "SQLite"}
+
+
+def console_cells(rec: dict[str, Any], cores: int) -> tuple[str, str, str, str]:
+    """Scenario k: (figure, at the large size, at the small size, what bounds it)."""
+    small_n, large_n = rec["rows"]
+    dbs = rec["databases"]
+    names = {db: DATABASE_NAMES.get(db, db) for db in dbs}
+    figure = "refresh " + ", ".join(
+        f"{names[db]} **{side['refresh_ms']:.0f} ms**" for db, side in dbs.items()
+    )
+    figure += f"; max stall **{rec['stall_max_ms']:.0f} ms**; RSS ratio " + ", ".join(
+        f"{names[db]} **{side['rss_ratio']:.2f}**" for db, side in dbs.items()
+    )
+
+    def at(size: str, n: int) -> str:
+        key = "refresh_ms" if size == "large" else "refresh_small_ms"
+        return "<br>".join(
+            f"{names[db]} at {n:,}: refresh {side[key]:.0f} ms, "
+            f"peak RSS {side['rss_mb'][size]:.0f} MB"
+            for db, side in dbs.items()
+        )
+
+    bounds = []
+    for db, side in dbs.items():
+        part, ms = max(side["parts_ms"].items(), key=lambda item: item[1])
+        runs = side["small"]["runs"] + side["large"]["runs"]
+        others = [
+            max(0.0, (r.get("machine_busy") or 0.0) * cores - r.get("console_cores", 0.0))
+            for r in runs
+        ]
+        bounds.append(
+            f"{names[db]}: {part} {ms:.0f} of {side['refresh_ms']:.0f} ms; console "
+            f"{max(r.get('console_cores', 0.0) for r in runs):.1f} cores, other load "
+            f"{max(others):.1f}"
+        )
+    return figure, at("large", large_n), at("small", small_n), "<br>".join(bounds)
+
+
 def table_row(rec: dict[str, Any], cores: int) -> str:
     unit = rec.get("unit", "events/s")
     target = rec.get("target") or "—"
     if rec["status"] != "ok":
         figure = f"{rec['status']}: {rec.get('reason', '')}"
         return _cells(rec["title"], figure, _side_cell(rec.get("ours"), unit), "—", target, "—")
+    if unit == "console":
+        figure, ours, other, bounds = console_cells(rec, cores)
+        target += " ✓" if rec["met"] else " ✗"
+        return _cells(rec["title"], figure, ours, other, target, bounds)
     if unit == "ms":
         figure = f"p50 {rec['p50_ms']:.0f} ms, p99 {rec['p99_ms']:.0f} ms"
         ours, other = "producer commit → handler start", "—"
@@ -109,6 +165,19 @@ def notes(records: list[dict[str, Any]]) -> list[str]:
     for rec in records:
         if rec["status"] == "error":
             lines.append(f"- {rec['id']}: **error**: {rec.get('reason', '')}")
+        if rec.get("unit") == "console" and rec["status"] == "ok":
+            for db, side in rec["databases"].items():
+                runs = side["large"]["runs"] + side["small"]["runs"]
+                lines.append(
+                    f"- k: {DATABASE_NAMES.get(db, db)}: first screen "
+                    f"{max(r['first_screen_ms'] for r in runs):.0f} ms at most, an older page "
+                    f"{max(r['older_page_ms'] for r in runs):.0f} ms, event-loop stall p99 "
+                    f"{max(r['stall_p99_ms'] for r in runs):.0f} ms, longest stall while "
+                    f"paging {max(r.get('stall_paging_max_ms', 0.0) for r in runs):.0f} ms, "
+                    f"while refreshing {max(r.get('stall_refresh_max_ms', 0.0) for r in runs):.0f}"
+                    " ms; rows filled in "
+                    f"{side['small']['fill_seconds'] + side['large']['fill_seconds']:.0f} s."
+                )
         if rec.get("hot_key"):
             hot = rec["hot_key"]
             lines.append(f"- c: one hot key drains at {hot['median']:,.0f} ev/s ({hot['label']}).")
@@ -171,13 +240,33 @@ HOW_TO_READ = [
     "  gathered 500 at a time on one confirming channel.",
     "- The write path runs N producer processes, each committing one unit of work after",
     "  another for a fixed time, with and without one outbox event in it.",
+    "- The SQLite drain preloads the same events (one executemany in one transaction) into",
+    "  a fresh file in the harness's workdir on a real disk (WAL, synchronous=FULL: every",
+    "  commit pays its fsync) before each run. One dispatcher, as SQLite has one writer at a",
+    "  time; its floor is one process calling `engine.store.claim_batch` and",
+    "  `mark_published` in a loop, claim and completion in two transactions as the",
+    "  dispatcher commits them, with no dispatcher and no handler. Same go file and stop",
+    "  rule as the PostgreSQL drains.",
+    "- The console row grows each database's outbox to 100,000 then 1,000,000 rows of a",
+    "  realistic mix (mostly published; pending, failed, dead-letter, publishing; three",
+    "  tenants) and at each size starts the real console headless in a fresh process: it",
+    "  waits for the first screen, pages once, watches 0.5 s refreshes for 5 s while a",
+    "  10 ms ticker records how late the event loop wakes it (the stall), and reads the",
+    "  process's peak RSS; then times one refresh's queries (overview, paused backlog, top",
+    "  types, first page of 100), median of 5. RSS ratio: peak at the large size / at the",
+    "  small one (flat is 1). What bounds it: the slowest of those queries, the console's",
+    "  CPU (cores, most of any run) and other load on the machine during it (a stall on a",
+    "  saturated machine may be the scheduler's, not the console's).",
     "- What bounds it: CPU seconds per wall second of the workers (py), of this database's",
     "  PostgreSQL backends (pg) and of the broker (mq), sampled from /proc during the",
     "  median run; the machine's busy share (other load on a shared machine shows as the",
-    "  gap); and PostgreSQL's WAL fsync time as a share of wall time.",
+    "  gap); and PostgreSQL's WAL fsync time as a share of wall time (SQLite runs: the",
+    "  machine's iowait, in cores). One core per process: a single-threaded worker at",
+    "  0.85 cores or more.",
     "",
     "Re-run: `make bench` (about 15 minutes; `--smoke` for a one-minute check, `--large`",
-    "adds the 1,000,000-event backlog). Raw data: `benchmarks/results/latest.json`.",
+    "adds the 1,000,000-event backlog and the console at 1,000,000 rows). Raw data:",
+    "`benchmarks/results/latest.json`.",
 ]
 
 
@@ -194,6 +283,12 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
             out.append(f"{rec['id']}: {rec['status']}: {rec.get('reason', '')}")
         elif rec.get("unit") == "ms":
             out.append(f"{rec['id']}: p50 {rec['p50_ms']:.1f} ms, p99 {rec['p99_ms']:.1f} ms")
+        elif rec.get("unit") == "console":
+            out.append(
+                f"{rec['id']}: slowest refresh {rec['refresh_ms']:.0f} ms, max stall "
+                f"{rec['stall_max_ms']:.0f} ms, RSS ratio {rec['rss_ratio']:.2f} "
+                f"(target {rec['target']})"
+            )
         else:
             ours = rec["ours"]["median"]
             other = rec["peer"]["median"]

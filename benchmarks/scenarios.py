@@ -8,12 +8,27 @@ broker, no ``ordering_key`` column) makes the record ``skipped`` with the reason
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
+import resource
 import statistics
+import sys
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks import drains, peer_amqp, peer_pgqueuer, producing, support
+from benchmarks import (
+    console_million_rows,
+    drains,
+    peer_amqp,
+    peer_pgqueuer,
+    producing,
+    sqlite_drain,
+    support,
+    usage,
+)
 from benchmarks.support import Context
 
 Run = Callable[[], Awaitable[dict[str, Any]]]
@@ -42,6 +57,9 @@ class Sizes:
     latency_gaps: tuple[float, float] = (0.12, 0.3)
     peer_loop: str = "uvloop"
     peer_io_max_tasks: int | None = None
+    sqlite_drain: int = 100_000  # a SQLite drain is fast: shorter runs are mostly poll noise
+    console: tuple[int, int] | None = None  # (100_000, 1_000_000) with --large
+    console_watch_seconds: float = 5.0
 
 
 def record(sid: str, title: str, **fields: Any) -> dict[str, Any]:
@@ -349,4 +367,136 @@ async def latency(ctx: Context, sizes: Sizes) -> dict[str, Any]:
         p99_ms=run["p99_ms"],
         target="p50 < 20 ms",
         met=run["p50_ms"] < 20,
+    )
+
+
+# -- j: the drain on SQLite against its own SQL floor ------------------------------------
+
+
+async def sqlite_floor(ctx: Context, sizes: Sizes) -> dict[str, Any]:
+    """One dispatcher (SQLite has one writer at a time) / the claim + complete loop."""
+    n = sizes.sqlite_drain
+    runs = await alternate(
+        sizes.repeats,
+        [
+            ("ours", lambda: sqlite_drain.ours(ctx, n)),
+            ("floor", lambda: sqlite_drain.floor(ctx, n)),
+        ],
+    )
+    result = ratio(runs["ours"], runs["floor"])
+    return record(
+        "j",
+        f"j. drain {n:,} on SQLite: ours / SQL floor (same claim + complete by hand, 1 process)",
+        unit="events/s",
+        ours=side(f"outbox-tui --dispatch ×1, batch {ctx.batch_size}", runs["ours"]),
+        peer=side("claim_batch + mark_published loop, ×1", runs["floor"]),
+        target=">= 0.8",
+        met=met(result["ratio"], ">= 0.8"),
+        **result,
+    )
+
+
+# -- k: the console at a million rows ------------------------------------------------------
+
+CONSOLE_TARGET = "refresh < 100 ms, stall < 50 ms, RSS ratio <= 1.2"
+DATABASES = (("postgresql", "PostgreSQL"), ("sqlite", "SQLite"))
+
+
+async def _console_run(ctx: Context, url: str, watch_seconds: float) -> dict[str, Any]:
+    """One ``console_million_rows --measure`` in a fresh process: its RSS is the console's."""
+    path = os.pathsep.join(filter(None, [str(support.ROOT), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONPATH=path, OUTBOX_DATABASE_URL=url)
+    argv = [sys.executable, "-m", "benchmarks.console_million_rows", "--measure"]
+    before, wall0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+    machine0 = usage.machine_ticks()
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        "--watch-seconds",
+        str(watch_seconds),
+        env=env,
+        cwd=support.ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), ctx.timeout)
+    if proc.returncode != 0:
+        tail = err.decode(errors="replace")[-2000:]
+        raise support.WorkerFailed(f"console measure exited with {proc.returncode}:\n{tail}")
+    run = dict(json.loads(out.decode().strip().splitlines()[-1]))
+    # A stall is the console's or the machine's: other load on a shared machine shows here.
+    after, wall = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter() - wall0
+    busy, _iowait, total = (b - a for a, b in zip(machine0, usage.machine_ticks(), strict=True))
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    run["console_cores"] = round(cpu / wall, 2)
+    run["machine_busy"] = round(busy / total, 2) if total else None
+    return run
+
+
+def _console_side(small: dict[str, Any], large: dict[str, Any]) -> dict[str, Any]:
+    """Medians of the repeats at each size; the stall is the worst seen at either."""
+
+    def med(runs: list[dict[str, Any]], key: str) -> float:
+        return round(statistics.median(r[key] for r in runs), 1)
+
+    parts = ("overview", "paused_backlog", "top_types", "first_page")
+    rss_small, rss_large = med(small["runs"], "peak_rss_mb"), med(large["runs"], "peak_rss_mb")
+    return {
+        "small": small,
+        "large": large,
+        "refresh_ms": med(large["runs"], "refresh_ms"),
+        "refresh_small_ms": med(small["runs"], "refresh_ms"),
+        "parts_ms": {name: med(large["runs"], f"{name}_ms") for name in parts},
+        "stall_max_ms": max(r["stall_max_ms"] for r in small["runs"] + large["runs"]),
+        "rss_mb": {"small": rss_small, "large": rss_large},
+        "rss_ratio": round(rss_large / rss_small, 3),
+    }
+
+
+async def console_rows(ctx: Context, sizes: Sizes) -> dict[str, Any]:
+    """Grow each database's outbox to the small size, measure, grow to the large, measure."""
+    title = (
+        "k. console at 1,000,000 rows: full refresh, event-loop stall, RSS at 1,000,000 / 100,000"
+    )
+    if sizes.console is None:
+        return skipped("k", title, "not run: pass --large")
+    small_n, large_n = sizes.console
+    title = (
+        f"k. console at {large_n:,} rows (PostgreSQL, SQLite): full refresh, longest "
+        f"event-loop stall, peak RSS at {large_n:,} / {small_n:,}"
+    )
+    sqlite_path = ctx.workdir / "console" / "outbox.db"
+    sqlite_path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in sqlite_path.parent.glob("outbox.db*"):
+        stale.unlink()
+    urls = {"postgresql": ctx.url, "sqlite": sqlite_drain.url_of(sqlite_path)}
+    found: dict[str, dict[str, Any]] = {}
+    await support.reset_outbox(ctx.conn)
+    try:
+        for db, name in DATABASES:
+            at: dict[int, dict[str, Any]] = {}
+            for n in (small_n, large_n):
+                grown = await console_million_rows.grow(
+                    urls[db], n, progress=ctx.progress(f"{name}: {n:,} rows", n)
+                )
+                runs = []
+                for _ in range(sizes.repeats):
+                    runs.append(await _console_run(ctx, urls[db], sizes.console_watch_seconds))
+                at[n] = {"rows": n, "fill_seconds": grown["seconds"], "runs": runs}
+            found[db] = _console_side(at[small_n], at[large_n])
+    finally:  # the console's rows are not the benchmark's: later runs would refuse them
+        await support.reset_outbox(ctx.conn)
+    refresh = max(side["refresh_ms"] for side in found.values())
+    stall = max(side["stall_max_ms"] for side in found.values())
+    rss = max(side["rss_ratio"] for side in found.values())
+    return record(
+        "k",
+        title,
+        unit="console",
+        rows=[small_n, large_n],
+        databases=found,
+        refresh_ms=refresh,
+        stall_max_ms=stall,
+        rss_ratio=rss,
+        target=CONSOLE_TARGET,
+        met=refresh < 100 and stall < 50 and rss <= 1.2,
     )

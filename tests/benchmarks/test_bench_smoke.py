@@ -42,7 +42,7 @@ def test_smoke_run_reports_every_comparison(pg_url: str, amqp_url: str, tmp_path
     # b must run the dispatcher with --max-concurrency: the harness reads it from its help.
     assert result["machine"]["max_concurrency"] == "has --max-concurrency"
     by_id = {rec["id"]: rec for rec in result["scenarios"]}
-    assert sorted(by_id) == list("abcdefghi")
+    assert sorted(by_id) == list("abcdefghijk")
     assert not [rec for rec in result["scenarios"] if rec["status"] == "error"]
 
     for sid in "ab":
@@ -57,7 +57,7 @@ def test_smoke_run_reports_every_comparison(pg_url: str, amqp_url: str, tmp_path
         assert by_id["c"]["reason"] == "no ordering_key column"
 
     for rec in result["scenarios"]:
-        if rec["status"] != "ok" or rec["id"] == "i":
+        if rec["status"] != "ok" or rec["id"] in "ik":
             continue
         assert rec["ratio"] > 0, rec
         for key in ("ours", "peer"):
@@ -68,3 +68,18 @@ def test_smoke_run_reports_every_comparison(pg_url: str, amqp_url: str, tmp_path
     latency = by_id["i"]
     assert latency["status"] == "ok"
     assert 0 < latency["p50_ms"] <= latency["p99_ms"]
+
+    sqlite = by_id["j"]  # a SQLite file in the workdir: no service to skip for
+    assert sqlite["status"] == "ok", sqlite
+    assert sqlite["ours"]["runs"][0]["duplicates"] == 0
+    assert sqlite["peer"]["runs"][0]["usage"]["worker_processes"] == 1
+
+    console = by_id["k"]  # smoke sizes stand in for --large's 100,000 and 1,000,000 rows
+    assert console["status"] == "ok", console
+    assert sorted(console["databases"]) == ["postgresql", "sqlite"]
+    for side in console["databases"].values():
+        assert side["refresh_ms"] > 0 and side["rss_ratio"] > 0
+        for size in ("small", "large"):
+            run = side[size]["runs"][0]
+            assert run["first_screen_ms"] > 0 and run["peak_rss_mb"] > 0
+            assert 0 <= run["stall_median_ms"] <= run["stall_max_ms"]
