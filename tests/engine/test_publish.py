@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, func, insert, select
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from engine import (
     EventValidationError,
@@ -236,3 +237,54 @@ async def test_a_task_started_inside_a_unit_gets_its_own_unit(db, registry):
     assert sorted(r["aggregate_id"] for r in await rows(db)) == ["o-1", "o-2"]
     async with db.begin() as conn:  # nothing left holding a transaction (SQLite write lock)
         await conn.exec_driver_sql("DELETE FROM outbox_events WHERE aggregate_id = 'nobody'")
+
+
+async def test_publish_many_keeps_write_order_when_only_some_events_set_max_attempts(db, registry):
+    """Rows with and without max_attempts need different column lists; order must hold."""
+    from engine.publisher import OutboxEvent
+
+    budgets = [None, 3, 3, None, 7, None]
+    drafts = [
+        OutboxEvent("orders.placed", order_payload(f"o-{i}"), "order", f"o-{i}", max_attempts=b)
+        for i, b in enumerate(budgets)
+    ]
+    async with unit_of_work(db, registry=registry, context=CTX) as session:
+        await OutboxEventPublisher(session).publish_many(drafts)
+    stored = sorted(await rows(db), key=lambda r: r["seq"])
+    assert [r["aggregate_id"] for r in stored] == [f"o-{i}" for i in range(len(budgets))]
+    assert [r["max_attempts"] for r in stored] == [10 if b is None else b for b in budgets]
+
+
+class _FlushedBase(DeclarativeBase):
+    pass
+
+
+class _FlushedOrder(_FlushedBase):
+    __tablename__ = "test_flushed_orders"
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+
+
+async def test_publish_flushes_pending_objects_first_and_is_seen_by_engine_events(db, registry):
+    """The aggregate's own write (and its row lock) goes before the event's INSERT, and the
+    INSERT runs through the connection like any statement, so engine listeners see it."""
+    from sqlalchemy import event
+
+    async with db.begin() as conn:
+        await conn.run_sync(_FlushedBase.metadata.create_all)
+    statements: list[str] = []
+
+    def record(_conn, _cursor, statement, *_args):
+        statements.append(statement.split("(")[0].strip())
+
+    event.listen(db.sync_engine, "before_cursor_execute", record)
+    try:
+        async with unit_of_work(db, registry=registry, context=CTX) as session:
+            session.add(_FlushedOrder(id="o-1"))
+            await OutboxEventPublisher(session).publish(
+                "orders.placed", order_payload(), aggregate_type="order", aggregate_id="o-1"
+            )
+    finally:
+        event.remove(db.sync_engine, "before_cursor_execute", record)
+    inserts = [s for s in statements if s.startswith("INSERT")]
+    assert inserts == ["INSERT INTO test_flushed_orders", "INSERT INTO outbox_events"]
+    assert len(await rows(db)) == 1
