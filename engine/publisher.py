@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -108,8 +109,12 @@ class OutboxEventPublisher:
         if not rows:
             return []
         try:
-            # One row: a plain execute; several: one executemany round trip.
-            await self._session.execute(_INSERT, rows[0] if len(rows) == 1 else rows)
+            # One executemany per run of rows with the same columns, in write order (an
+            # executemany takes its columns from its first row: a max_attempts set on a
+            # later row alone would be dropped, and seq must follow the order given).
+            for _columns, run in itertools.groupby(rows, key=_columns_of):
+                same = list(run)
+                await self._session.execute(_INSERT, same[0] if len(same) == 1 else same)
         except StatementError as exc:
             if isinstance(exc.orig, TypeError | ValueError):
                 raise EventValidationError(
@@ -157,3 +162,7 @@ class OutboxEventPublisher:
                 event.event_type, event.aggregate_type, str(event.aggregate_id), payload
             )
         return row
+
+
+def _columns_of(row: dict[str, Any]) -> tuple[str, ...]:
+    return tuple(row)
