@@ -199,6 +199,36 @@ def _key_walk(table: Callable[..., str], unfinished: str) -> str:
 )"""
 
 
+def _key_walk_with_heads(unfinished: str) -> str:
+    """PostgreSQL's walk: each step's one probe finds the next key and its head at once.
+
+    The first unfinished entry after key ``k`` in ``(ordering_key, seq)`` order is the
+    next key's head, so one index scan per key replaces the two of ``_key_walk`` (the
+    next key, then its first row): mid-drain, each probe also steps over the dead
+    entries of rows published since the last vacuum.
+    """
+    return f"""keys(k, id, n) AS (
+    (SELECT ordering_key, id, 1 FROM outbox_events
+     WHERE ordering_key > :key_cursor AND {unfinished}
+     ORDER BY ordering_key, seq LIMIT 1)
+    UNION ALL
+    SELECT next_head.ordering_key, next_head.id, keys.n + 1
+    FROM keys CROSS JOIN LATERAL (
+        SELECT ordering_key, id FROM outbox_events
+        WHERE ordering_key > keys.k AND {unfinished}
+        ORDER BY ordering_key, seq LIMIT 1
+    ) AS next_head
+    WHERE keys.n < :walk_limit
+)"""
+
+
+# SQLite's heads: each key's first unfinished row, looked up after the walk found the key.
+_HEADS_OF_KEYS = """SELECT (SELECT id FROM {key_order}
+            WHERE ordering_key = keys.k AND {unfinished}
+            ORDER BY seq LIMIT 1) AS id
+    FROM keys WHERE keys.k IS NOT NULL"""
+
+
 @functools.cache
 def _walk_end_statement(dialect: str) -> TextClause:
     """The last key a capped walk from ``:key_cursor`` reaches, and how many it saw."""
@@ -346,12 +376,10 @@ abandoned AS (
     WHERE e.{IN_FLIGHT_PREDICATE} AND e.locked_until < :now{scope}
     ORDER BY e.locked_until LIMIT 1{lock}
 ),
-{_key_walk(table, unfinished)},
+{_key_walk_with_heads(unfinished) if dialect == "postgresql" else _key_walk(table, unfinished)},
 heads AS (
-    SELECT (SELECT id FROM {table("key_order")}
-            WHERE ordering_key = keys.k AND {unfinished}
-            ORDER BY seq LIMIT 1) AS id
-    FROM keys WHERE keys.k IS NOT NULL
+    {"SELECT id FROM keys" if dialect == "postgresql" else _HEADS_OF_KEYS.format(
+        key_order=table("key_order"), unfinished=unfinished)}
 ),
 ordered AS (
     {ordered}
