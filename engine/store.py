@@ -229,6 +229,9 @@ _HEADS_OF_KEYS = """SELECT (SELECT id FROM {key_order}
     FROM keys WHERE keys.k IS NOT NULL"""
 
 
+_NO_JIT = text("SET LOCAL jit = off")
+
+
 @functools.cache
 def _walk_end_statement(dialect: str) -> TextClause:
     """The last key a capped walk from ``:key_cursor`` reaches, and how many it saw."""
@@ -378,8 +381,11 @@ abandoned AS (
 ),
 {_key_walk_with_heads(unfinished) if dialect == "postgresql" else _key_walk(table, unfinished)},
 heads AS (
-    {"SELECT id FROM keys" if dialect == "postgresql" else _HEADS_OF_KEYS.format(
-        key_order=table("key_order"), unfinished=unfinished)}
+    {
+        "SELECT id FROM keys"
+        if dialect == "postgresql"
+        else _HEADS_OF_KEYS.format(key_order=table("key_order"), unfinished=unfinished)
+    }
 ),
 ordered AS (
     {ordered}
@@ -477,6 +483,11 @@ async def claim_batch(
     """
     walk_limit = walk_limit or max(4 * batch_size, 100)
     dialect = conn.dialect.name
+    if dialect == "postgresql":
+        # Never JIT-compile a claim: it runs in milliseconds, compiling takes hundreds.
+        # The key walk's probes are estimated per step from a generic range selectivity,
+        # so on a large backlog without keys the estimate passes jit_above_cost.
+        await conn.execute(_NO_JIT)
     if scope is not None and not scope.types:
         return ClaimedBatch([], key_cursor)  # serves nothing now (all paused): claim nothing
     per_type = await _per_type_plan(conn, scope)
@@ -496,7 +507,8 @@ async def claim_batch(
         result = await conn.execute(stmt, {**params, "key_cursor": cursor})
         return [
             # The row's own mapping (no copy per row): read-only, as ClaimedRow needs.
-            ClaimedRow(values=row, raw_payload=row["payload"]) for row in result.mappings()
+            ClaimedRow(values=row, raw_payload=row["payload"])
+            for row in result.mappings()
         ]
 
     rows = await claim_from(key_cursor)
