@@ -63,6 +63,7 @@ class Result:
 
 REPO = Path(__file__).resolve().parents[2]
 ORDERED_APP = "tests.cli.ordered_app"
+COUNTING_APP = "tests.cli.counting_app"
 
 
 def ordered_app_env(database_url: str, log: Path, *, quick_retries: bool = True) -> dict[str, str]:
@@ -85,17 +86,24 @@ def ordered_app_env(database_url: str, log: Path, *, quick_retries: bool = True)
     return env
 
 
-def ordered_app_dispatch_args(batch_size: int, *options: str) -> tuple[str, ...]:
-    """``--dispatch`` of the ordered app, ``batch_size`` a claim, JSON lines out."""
-    return (
-        "--dispatch",
-        "--installed-app",
-        ORDERED_APP,
-        "--batch-size",
-        str(batch_size),
-        *options,
-        "--json",
-    )
+def counting_app_env(database_url: str, log: Path, go: Path, **extra: str) -> dict[str, str]:
+    """The environment of a dispatcher process running ``tests/cli/counting_app.py``.
+
+    ``log`` receives its handled lines; its handlers wait until the file ``go`` exists.
+    """
+    env = {
+        "OUTBOX_DATABASE_URL": database_url,
+        "COUNTING_APP_LOG": str(log),
+        "COUNTING_APP_GO": str(go),
+        "PYTHONPATH": str(REPO),
+    }
+    env.update(extra)
+    return env
+
+
+def dispatch_args(app: str, *options: str) -> tuple[str, ...]:
+    """``--dispatch`` of the test app ``app`` with ``options``, JSON lines out."""
+    return ("--dispatch", "--installed-app", app, *options, "--json")
 
 
 def cli_env(**extra: str) -> dict[str, str]:

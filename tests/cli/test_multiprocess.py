@@ -18,7 +18,14 @@ from engine import (
 )
 from engine.publisher import OutboxEvent
 from tests.cli import counting_app
-from tests.cli.conftest import REPO, Cli, read_json_lines, status_counts
+from tests.cli.conftest import (
+    COUNTING_APP,
+    Cli,
+    counting_app_env,
+    dispatch_args,
+    read_json_lines,
+    status_counts,
+)
 
 EVENTS = 300
 
@@ -42,21 +49,13 @@ async def test_two_dispatcher_processes_share_the_work_and_never_double_handle(
 ) -> None:
     await _seed(database_url)
     log, go = tmp_path / "handled.log", tmp_path / "go"
-    env = {
-        "OUTBOX_DATABASE_URL": database_url,
-        "COUNTING_APP_LOG": str(log),
-        "COUNTING_APP_GO": str(go),
-        "PYTHONPATH": str(REPO),
-    }
-    args = (
-        "--dispatch",
-        "--installed-app",
-        "tests.cli.counting_app",
+    env = counting_app_env(database_url, log, go)
+    args = dispatch_args(
+        COUNTING_APP,
         "--batch-size",
         "25",
         "--idle-sleep-seconds",
         "0.05",
-        "--json",
     )
     procs = [cli.popen(*args, "--instance-id", f"worker-{n}", env=env) for n in (1, 2)]
     try:

@@ -35,8 +35,9 @@ from engine.publisher import OutboxEvent
 from engine.schema import outbox_events as t
 from tests.cli import ordered_app
 from tests.cli.conftest import (
+    ORDERED_APP,
     Cli,
-    ordered_app_dispatch_args,
+    dispatch_args,
     ordered_app_env,
     read_json_lines,
     status_counts,
@@ -152,7 +153,7 @@ async def test_dispatcher_processes_keep_per_key_order_under_random_failures(
     want = {s: list(expected.values()).count(s) for s in set(expected.values())}
     log = tmp_path / "handled.log"
     env = ordered_app_env(database_url, log)
-    args = ordered_app_dispatch_args(16, "--idle-sleep-seconds", "0.05")
+    args = dispatch_args(ORDERED_APP, "--batch-size", "16", "--idle-sleep-seconds", "0.05")
     processes = 3 if database_url.startswith("postgresql") else 2
     procs = [cli.popen(*args, "--instance-id", f"w{n}", env=env) for n in range(processes)]
     try:

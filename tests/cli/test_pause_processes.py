@@ -23,7 +23,14 @@ from engine.insights import OutboxInsights
 from engine.publisher import OutboxEvent
 from engine.schema import PENDING, PUBLISHING, outbox_events
 from tests.cli import counting_app
-from tests.cli.conftest import REPO, Cli, read_json_lines, status_counts
+from tests.cli.conftest import (
+    COUNTING_APP,
+    Cli,
+    counting_app_env,
+    dispatch_args,
+    read_json_lines,
+    status_counts,
+)
 
 EVENTS = 40
 BATCH = 5  # each process holds one batch of 5 when the pause is made; 30 stay pending
@@ -107,16 +114,9 @@ async def test_a_pause_holds_every_dispatcher_from_its_next_round_until_resumed(
         await engine.dispose()
     await _publish(database_url, EVENTS)  # the backlog is there before the pause
     log, go = tmp_path / "handled.log", tmp_path / "go"  # handlers wait until go exists
-    env = {
-        "OUTBOX_DATABASE_URL": database_url,
-        "COUNTING_APP_LOG": str(log),
-        "COUNTING_APP_GO": str(go),
-        "PYTHONPATH": str(REPO),
-    }
-    args = (
-        "--dispatch",
-        "--installed-app",
-        "tests.cli.counting_app",
+    env = counting_app_env(database_url, log, go)
+    args = dispatch_args(
+        COUNTING_APP,
         "--batch-size",
         str(BATCH),
         # the handlers are held while the pause is made (a CLI process): on a loaded machine
@@ -129,7 +129,6 @@ async def test_a_pause_holds_every_dispatcher_from_its_next_round_until_resumed(
         "0.05",
         "--heartbeat-seconds",
         "0.05",
-        "--json",
     )
     procs = [cli.popen(*args, "--instance-id", w, env=env) for w in WORKERS]
     db = {"OUTBOX_DATABASE_URL": database_url}

@@ -30,7 +30,13 @@ from engine import create_engine
 from engine.idempotency import SUCCEEDED
 from engine.publisher import OutboxEvent
 from engine.schema import side_effects
-from tests.cli.conftest import Cli, ordered_app_dispatch_args, ordered_app_env, status_counts
+from tests.cli.conftest import (
+    ORDERED_APP,
+    Cli,
+    dispatch_args,
+    ordered_app_env,
+    status_counts,
+)
 from tests.cli.test_ordered_processes import (
     _assert_key_order,
     _expected,
@@ -159,8 +165,10 @@ async def test_sigkilled_dispatchers_lose_nothing_and_keep_key_order(
     await install_commit_log(database_url)
     log = tmp_path / "handled.log"
     env = ordered_app_env(database_url, log)
-    args = ordered_app_dispatch_args(
-        BATCH_SIZE,
+    args = dispatch_args(
+        ORDERED_APP,
+        "--batch-size",
+        str(BATCH_SIZE),
         "--idle-sleep-seconds",
         "0.05",
         "--lease-seconds",

@@ -19,8 +19,9 @@ import pytest
 from engine.publisher import OutboxEvent
 from tests.cli import ordered_app
 from tests.cli.conftest import (
+    ORDERED_APP,
     Cli,
-    ordered_app_dispatch_args,
+    dispatch_args,
     ordered_app_env,
     seed_orders,
     status_counts,
@@ -52,8 +53,10 @@ async def test_sigterm_mid_batch_and_during_start_up_exits_zero_claiming_nothing
     await _seed(database_url, drafts)
     log = tmp_path / "handled.log"
     env = ordered_app_env(database_url, log, quick_retries=False)
-    args = ordered_app_dispatch_args(
-        BATCH,
+    args = dispatch_args(
+        ORDERED_APP,
+        "--batch-size",
+        str(BATCH),
         "--max-concurrency",
         str(BATCH // 2),  # half the batch waits at the signal
     )

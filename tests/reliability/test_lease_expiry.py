@@ -29,7 +29,13 @@ from engine import (
 )
 from engine.publisher import OutboxEvent
 from tests.cli import counting_app
-from tests.cli.conftest import REPO, Cli, status_counts
+from tests.cli.conftest import (
+    COUNTING_APP,
+    Cli,
+    counting_app_env,
+    dispatch_args,
+    status_counts,
+)
 from tests.reliability.faults import (
     Dispatcher,
     completions,
@@ -87,22 +93,13 @@ async def test_a_late_completion_is_refused_and_the_event_published_once(
     await seed_counting(database_url, [{"stall_seconds": 120}] + [{}] * (EVENTS - 1))
     log, go, release = tmp_path / "handled.log", tmp_path / "go", tmp_path / "release"
     go.touch()  # no barrier: handlers run at once
-    env = {
-        "OUTBOX_DATABASE_URL": database_url,
-        "COUNTING_APP_LOG": str(log),
-        "COUNTING_APP_GO": str(go),
-        "COUNTING_APP_RELEASE": str(release),
-        "PYTHONPATH": str(REPO),
-    }
-    args = (
-        "--dispatch",
-        "--installed-app",
-        "tests.cli.counting_app",
+    env = counting_app_env(database_url, log, go, COUNTING_APP_RELEASE=str(release))
+    args = dispatch_args(
+        COUNTING_APP,
         "--idle-sleep-seconds",
         "0.05",
         "--lease-seconds",
         str(LEASE_SECONDS),
-        "--json",
     )
     dispatchers: list[Dispatcher] = []
     try:

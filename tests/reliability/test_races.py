@@ -22,7 +22,13 @@ from sqlalchemy import func, select
 
 from engine import create_engine
 from engine.schema import outbox_events
-from tests.cli.conftest import REPO, Cli, status_counts
+from tests.cli.conftest import (
+    COUNTING_APP,
+    Cli,
+    counting_app_env,
+    dispatch_args,
+    status_counts,
+)
 from tests.reliability.faults import (
     Dispatcher,
     completions,
@@ -65,16 +71,9 @@ async def test_racing_dispatchers_complete_each_event_once_and_refuse_late_compl
     processes = 4 if database_url.startswith("postgresql") else 2
     log, go = tmp_path / "handled.log", tmp_path / "go"
     go.touch()
-    env = {
-        "OUTBOX_DATABASE_URL": database_url,
-        "COUNTING_APP_LOG": str(log),
-        "COUNTING_APP_GO": str(go),
-        "PYTHONPATH": str(REPO),
-    }
-    args = (
-        "--dispatch",
-        "--installed-app",
-        "tests.cli.counting_app",
+    env = counting_app_env(database_url, log, go)
+    args = dispatch_args(
+        COUNTING_APP,
         "--batch-size",
         str(BATCH),
         "--idle-sleep-seconds",
@@ -82,7 +81,6 @@ async def test_racing_dispatchers_complete_each_event_once_and_refuse_late_compl
         "--lease-seconds",
         str(LEASE_SECONDS),
         *(("--lock",) if lock else ()),
-        "--json",
     )
     stalled_at = {n * events // stalls for n in range(stalls)}
     payloads = [{"stall_seconds": STALL_SECONDS} if n in stalled_at else {} for n in range(events)]
