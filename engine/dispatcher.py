@@ -20,10 +20,10 @@ One round (``dispatch_once``):
    claim's token, so a dispatcher whose lease expired (and whose rows another
    dispatcher has since reclaimed) changes nothing.
 
-With ``prefetch`` (a relay's run loop), a round that relays a full batch claims the
-next one while the confirms are outstanding and keeps it for the next round only if
-every event was published; otherwise, and on stop (``release_prefetched``), it goes
-back unattempted. See docs/dispatcher.md.
+With ``prefetch`` (the run loop's), a round with a full batch claims the next one
+while its handlers run (PostgreSQL) or its relay's confirms are outstanding, and keeps
+it for the next round only if every event was published; otherwise, and on stop
+(``release_prefetched``), it goes back unattempted. See docs/dispatcher.md.
 """
 
 from __future__ import annotations
@@ -151,6 +151,10 @@ class _Batch:
         return [r for r in self.rows if r.event_id in self.envelopes]
 
 
+def _type_and_tenant(row: ClaimedRow) -> tuple[str, str]:
+    return str(row.values["event_type"]), str(row.values["tenant_id"])
+
+
 def default_dispatcher_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
@@ -208,10 +212,16 @@ class OutboxDispatcher:
         self.lock_provider = lock_provider
         self.observers = list(observers)
         self.clock = clock
-        self.prefetch = prefetch and external_publisher is not None
+        # SQLite has one writer: a claim ahead would queue behind the round's own
+        # completion writes, so only a relay (whose confirms leave the database idle)
+        # claims ahead there. On PostgreSQL the claim runs while the handlers do.
+        self.prefetch = prefetch and (
+            external_publisher is not None or engine.dialect.name != "sqlite"
+        )
         self._key_cursor = ""
         self._ordered_first = True
         self._prefetched: _Batch | None = None
+        self._lost_ahead = 0  # rows claimed ahead that were taken over before hand-back
 
     @property
     def start_budget(self) -> timedelta:
@@ -225,13 +235,16 @@ class OutboxDispatcher:
         in flight finish (each handler within its timeout) and are recorded.
         """
         if self.lock_provider is not None and not await self.lock_provider.acquire():
-            await self.release_prefetched()  # another dispatcher holds the lock now
-            return DispatchResult()
+            lost = await self.release_prefetched()  # another dispatcher holds the lock now
+            return DispatchResult(lost_leases=lost)
         try:
             result = await self._round(stop)
         finally:
             if self.lock_provider is not None:
                 await self.lock_provider.release()
+        if self._lost_ahead:  # claims ahead refused at hand-back count like any other
+            result = result + DispatchResult(lost_leases=self._lost_ahead)
+            self._lost_ahead = 0
         for observer in self.observers:
             await observer.observe_round(result)
         return result
@@ -279,6 +292,8 @@ class OutboxDispatcher:
         if held is not None and (stopping or self.clock() >= held.claimed_at + self.start_budget):
             await self._release(held)  # stopping, or held too long to start it safely
             held = None
+        if held is not None:
+            held = await self._without_paused(held)
         batch = held if held is not None else await self._claim()
         if not batch.rows:
             return DispatchResult()
@@ -286,24 +301,21 @@ class OutboxDispatcher:
         completions.add_all(batch.undeliverable)
         deliverable = batch.deliverable()
         upcoming: asyncio.Task[_Batch] | None = None
-        clean = False
+        stopping = stop is not None and stop.is_set()
+        if self.prefetch and not stopping and self._worth_claiming_ahead(batch):
+            upcoming = asyncio.create_task(self._claim())
         try:
             if self.external_publisher is not None:
-                if stop is not None and stop.is_set():
+                if stopping:
                     completions.add_all([_Outcome(r, "unattempted") for r in deliverable])
                 else:
-                    if self.prefetch and len(batch.rows) == self.batch_size:
-                        # A full batch: more are likely waiting. Claim the next one while this
-                        # one's confirms are outstanding, so the broker's pipeline stays full.
-                        upcoming = asyncio.create_task(self._claim())
-                    outcomes = await self._relay(deliverable, batch.envelopes)
-                    clean = all(o.kind == "published" for o in outcomes)
-                    completions.add_all(outcomes)
+                    completions.add_all(await self._relay(deliverable, batch.envelopes))
             else:
                 await self._deliver(
                     deliverable, batch.envelopes, batch.claimed_at, stop, completions
                 )
         finally:
+            clean = completions.setbacks == len(batch.undeliverable)
             closing = asyncio.ensure_future(completions.close())
             try:
                 if upcoming is not None and clean:
@@ -355,6 +367,36 @@ class OutboxDispatcher:
                 claimed.envelopes[row.event_id] = envelope
         return claimed
 
+    def _worth_claiming_ahead(self, batch: _Batch) -> bool:
+        """Whether to claim the next batch while this one is delivered.
+
+        A full batch says more rows are waiting: claimed beside this one's handlers (or
+        confirms), the next round need not start by waiting for its claim. Not when every
+        row is the head of an ordering key: those keys are in flight until this round
+        ends, so a claim now would walk keys it cannot take.
+        """
+        if len(batch.rows) < self.batch_size:
+            return False
+        return any(row.ordering_key is None for row in batch.rows)
+
+    async def _without_paused(self, held: _Batch) -> _Batch | None:
+        """The batch claimed ahead, less rows of types paused since; those go back unattempted.
+
+        So a pause holds every dispatcher from its next round on, also for a batch that was
+        claimed before the pause. None when nothing is left to deliver.
+        """
+        async with read_only_engine(self.engine).connect() as conn:
+            scope = await self._claim_scope(conn)
+        paused = [r for r in held.rows if not scope.admits(*_type_and_tenant(r))]
+        if not paused:
+            return held
+        await self._release(_Batch(held.claimed_at, paused))
+        gone = {r.event_id for r in paused}
+        kept = _Batch(held.claimed_at, [r for r in held.rows if r.event_id not in gone])
+        kept.envelopes = {i: e for i, e in held.envelopes.items() if i not in gone}
+        kept.undeliverable = [o for o in held.undeliverable if o.row.event_id not in gone]
+        return kept if kept.rows else None
+
     async def _prepare(self, upcoming: asyncio.Task[_Batch]) -> None:
         """Let the publisher build the next batch's messages ahead (``prepare``, optional).
 
@@ -396,26 +438,38 @@ class OutboxDispatcher:
                 type(exc).__name__,
             )
 
-    async def release_prefetched(self) -> None:
-        """Hand back the batch claimed ahead, if any (the run loop calls this on stop)."""
-        held, self._prefetched = self._prefetched, None
-        await self._release(held)
+    async def release_prefetched(self) -> int:
+        """Hand back the batch claimed ahead, if any (the run loop calls this on stop).
 
-    async def _release(self, batch: _Batch | None) -> None:
-        """Hand a batch that was claimed but never started back, spending no attempt (fenced)."""
+        Returns how many of its rows had been taken over meanwhile (lost leases).
+        """
+        held, self._prefetched = self._prefetched, None
+        lost = await self._release(held)
+        self._lost_ahead = 0  # reported by this return instead of by a round
+        return lost
+
+    async def _release(self, batch: _Batch | None) -> int:
+        """Hand a batch that was claimed but never started back, spending no attempt (fenced).
+
+        Returns how many rows it no longer held (their lease expired and another
+        dispatcher took them over); the next round reports them as lost leases.
+        """
         if batch is None or not batch.rows:
-            return
+            return 0
         claims = [(r.event_id, r.claim_version) for r in batch.rows]
         async with self.engine.begin() as conn:
             released = await store.release_unattempted(
                 conn, claims, store.Fence(self.dispatcher_id, self.clock())
             )
-        if len(released) < len(claims):
+        lost = len(claims) - len(released)
+        if lost:
             log.warning(
                 "dispatcher %s lost the lease on %d event(s) claimed ahead",
                 self.dispatcher_id,
-                len(claims) - len(released),
+                lost,
             )
+            self._lost_ahead += lost
+        return lost
 
     def _budget(self, row: ClaimedRow) -> int:
         """The row's attempt budget, unless this dispatcher overrides every row's."""
@@ -677,12 +731,17 @@ class _Completions:
         self._closing = False
         self._error: BaseException | None = None
         self._first_problem: _Outcome | None = None
+        # Outcomes other than published (failed, dead letter, handed back): a round with
+        # none is clean, so the batch claimed ahead is kept.
+        self.setbacks = 0
         self.result = DispatchResult(claimed=claimed)
         self._writer: asyncio.Task[None] | None = None
 
     def add(self, outcome: _Outcome, records: Sequence[HandlerRunRecord] = ()) -> None:
         self._outcomes.append(outcome)
         self._records.extend(records)
+        if outcome.kind != "published":
+            self.setbacks += 1
         if self._first_problem is None and outcome.kind in ("failed", "dead_letter"):
             self._first_problem = outcome
         self._arrived.set()

@@ -401,7 +401,7 @@ class _RunLoop:
 
     async def _stop(self) -> None:
         try:
-            await self.dispatcher.release_prefetched()
+            self.summary.lost_leases += await self.dispatcher.release_prefetched()
         except STORAGE_ERRORS as exc:  # its lease expires; cleanup must not hide the outcome
             log.warning(
                 "dispatcher %s: could not hand back the batch claimed ahead: %s",

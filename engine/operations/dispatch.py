@@ -68,9 +68,9 @@ async def open_dispatcher(
 ) -> AsyncIterator[OutboxDispatcher]:
     """The checked database, the relay (if any) and the dispatcher; all closed on exit.
 
-    ``prefetch``: a relay claims its next batch while the confirms of the last are
-    outstanding; for a run loop (which hands that batch back when it stops), not for
-    a single round.
+    ``prefetch``: the next batch is claimed while the last one is delivered (see
+    docs/dispatcher.md); for a run loop (which hands that batch back when it stops),
+    not for a single round.
     """
     spec.check()
     settings = spec.settings

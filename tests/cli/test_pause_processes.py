@@ -81,6 +81,22 @@ async def _attempts(url: str) -> int:
         await engine.dispose()
 
 
+async def _held_by(url: str) -> dict[str, int]:
+    """How many rows each dispatcher holds in publishing."""
+    engine = create_engine(url)
+    try:
+        async with engine.connect() as conn:
+            t = outbox_events
+            rows = await conn.execute(
+                select(t.c.locked_by, func.count())
+                .where(t.c.status == PUBLISHING)
+                .group_by(t.c.locked_by)
+            )
+            return {str(holder): int(n) for holder, n in rows}
+    finally:
+        await engine.dispose()
+
+
 async def _claimed(url: str) -> dict[str, tuple[str, int]]:
     """Every row that has been claimed at least once: ``{id: (status, attempts)}``."""
     engine = create_engine(url)
@@ -137,7 +153,9 @@ async def test_a_pause_holds_every_dispatcher_from_its_next_round_until_resumed(
             assert next(read_json_lines(proc))["event"] == "started"
 
         async def both_hold_a_batch() -> bool:
-            return (await status_counts(database_url)).get(PUBLISHING, 0) == 2 * BATCH
+            # each has a batch in its (waiting) handlers, and maybe the next claimed ahead
+            held = await _held_by(database_url)
+            return all(held.get(w, 0) >= BATCH for w in WORKERS)
 
         await _until("both dispatchers holding a claimed batch", both_hold_a_batch)
         paused = cli(
