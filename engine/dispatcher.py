@@ -35,7 +35,7 @@ import os
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -219,6 +219,8 @@ class OutboxDispatcher:
             external_publisher is not None or engine.dialect.name != "sqlite"
         )
         self._key_cursor = ""
+        self._seq_floor = 0  # store.claim_batch's keyset floor, and when it last was 0
+        self._floor_since = datetime.min.replace(tzinfo=UTC)
         self._ordered_first = True
         self._prefetched: _Batch | None = None
         self._lost_ahead = 0  # rows claimed ahead that were taken over before hand-back
@@ -335,6 +337,10 @@ class OutboxDispatcher:
     async def _claim(self) -> _Batch:
         """Claim a batch in one transaction and decode it (undeliverable rows set apart)."""
         claimed_at = self.clock()
+        if claimed_at - self._floor_since >= store.SEQ_FLOOR_RESET:
+            self._seq_floor = 0  # now and then from the first row: retries below the floor
+        if self._seq_floor == 0:
+            self._floor_since = claimed_at
         async with self.engine.begin() as conn:
             batch = await store.claim_batch(
                 conn,
@@ -344,8 +350,10 @@ class OutboxDispatcher:
                 lease=self.lease,
                 now=claimed_at,
                 key_cursor=self._key_cursor,
+                seq_floor=self._seq_floor,
                 ordered_first=self._ordered_first,
             )
+        self._seq_floor = batch.seq_floor
         # Unordered and ordered rows take turns at filling the batch first.
         self._key_cursor, self._ordered_first = batch.key_cursor, not self._ordered_first
         claimed = _Batch(claimed_at, batch.rows)

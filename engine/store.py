@@ -316,7 +316,7 @@ def _unordered_cte(dialect: str, limit: str, lock: str, scoped: bool, per_type: 
     table = _table_for(dialect)
     scope = f" AND {_scope_filter(dialect, 'e')}" if scoped else ""
     where = (
-        f"{ACTIVE_PREDICATE} AND {UNORDERED_PREDICATE} "
+        f"{ACTIVE_PREDICATE} AND {UNORDERED_PREDICATE} AND e.seq >= :seq_floor "
         f"AND NOT EXISTS (SELECT 1 FROM abandoned) AND {_DUE}{scope}"
     )
     if per_type == 0:
@@ -445,12 +445,19 @@ async def _per_type_plan(conn: AsyncConnection, scope: ClaimScope | None) -> lis
     return served if len(served) <= _PER_TYPE_LIMIT else None
 
 
+# A dispatcher's keyset floor (claim_batch's ``seq_floor``) goes back to 0 at least this
+# often, so rows below it that became due again wait at most this long.
+SEQ_FLOOR_RESET = timedelta(seconds=1)
+
+
 @dataclass(frozen=True, slots=True)
 class ClaimedBatch:
     """The rows one claim took, and where this dispatcher's walk over keys got to."""
 
     rows: list[ClaimedRow]
     key_cursor: str
+    # Where this dispatcher's next unordered claim may start (see claim_batch).
+    seq_floor: int = 0
 
 
 async def claim_batch(
@@ -461,6 +468,7 @@ async def claim_batch(
     lease: timedelta,
     now: datetime,
     key_cursor: str = "",
+    seq_floor: int = 0,
     ordered_first: bool = True,
     walk_limit: int | None = None,
     scope: ClaimScope | None = None,
@@ -477,6 +485,16 @@ async def claim_batch(
     next time, or starts over when this walk reached the last key. A walk visits
     at most ``walk_limit`` keys (default: 4 x batch, at least 100), so many blocked
     keys cost bounded work per claim.
+
+    ``seq_floor`` (a keyset floor) starts the unordered part at that ``seq``: a
+    dispatcher that claimed a full batch goes on after its last unordered row instead of
+    walking again, from the start of ix_outbox_events_unordered, over the entries of
+    every row published since the last vacuum (PostgreSQL keeps them until then: on a
+    large backlog that walk was most of a claim). Rows below the floor that become due
+    again (a retry, a hand-back) are found when a claim from the floor finds nothing
+    (it goes round from 0 at once) and when the dispatcher starts from 0 again, which
+    it does at least every ``SEQ_FLOOR_RESET``. The returned floor is the one to pass
+    next time.
 
     ``scope`` (None: every row) limits the claim to the event types the dispatcher
     can deliver, without pauses; rows outside it are left untouched (ClaimScope).
@@ -503,30 +521,37 @@ async def claim_batch(
         "walk_limit": walk_limit,
     }
 
-    async def claim_from(cursor: str) -> list[ClaimedRow]:
-        result = await conn.execute(stmt, {**params, "key_cursor": cursor})
+    async def claim_from(cursor: str, floor: int) -> list[ClaimedRow]:
+        result = await conn.execute(stmt, {**params, "key_cursor": cursor, "seq_floor": floor})
         return [
             # The row's own mapping (no copy per row): read-only, as ClaimedRow needs.
             ClaimedRow(values=row, raw_payload=row["payload"])
             for row in result.mappings()
         ]
 
-    rows = await claim_from(key_cursor)
-    if not rows and key_cursor:
-        # Nothing due after the cursor: go round from the first key now, in the same
-        # transaction, rather than report an empty round (the run loop would sleep on it).
-        key_cursor = ""
-        rows = await claim_from(key_cursor)
+    rows = await claim_from(key_cursor, seq_floor)
+    if not rows and (key_cursor or seq_floor):
+        # Nothing due after the cursor or the floor: go round from the first key and the
+        # first row now, in the same transaction, rather than report an empty round (the
+        # run loop would sleep on it).
+        key_cursor, seq_floor = "", 0
+        rows = await claim_from(key_cursor, seq_floor)
     rows.sort(key=lambda r: r.seq)
+    full = len(rows) >= batch_size
+    unordered = [r.seq for r in rows if r.ordering_key is None]
+    # A full batch goes on after its last unordered row; one that is not full (nothing
+    # more is due above the floor) starts from the first row next time.
+    next_floor = (max(unordered) + 1 if unordered else seq_floor) if full else 0
     keys = [r.ordering_key for r in rows if r.ordering_key is not None]
-    if keys and len(rows) >= batch_size:
-        return ClaimedBatch(rows, max(keys))  # the batch filled up: go on after its last key
+    if keys and full:
+        # the batch filled up: go on after its last key
+        return ClaimedBatch(rows, max(keys), next_floor)
     # The walk either reached the last key (start over next time) or stopped at its cap
     # among keys that are blocked or in flight (go on after the last key it saw).
     walk = {"key_cursor": key_cursor, "walk_limit": walk_limit}
     end = (await conn.execute(_walk_end_statement(conn.dialect.name), walk)).first()
     capped = end is not None and int(end.n) >= walk_limit
-    return ClaimedBatch(rows, str(end.k) if capped and end is not None else "")
+    return ClaimedBatch(rows, str(end.k) if capped and end is not None else "", next_floor)
 
 
 @dataclass(frozen=True, slots=True)

@@ -97,6 +97,7 @@ async def test_the_claim_walks_keys_and_unordered_rows_through_their_indexes(
         "dispatcher_id": "d",
         "batch": 100,
         "key_cursor": "",
+        "seq_floor": 0,
         "walk_limit": 400,
     }
     plan = await _text_plan(db, sql, params)
@@ -133,6 +134,7 @@ async def test_a_scoped_claim_reads_one_range_per_served_type(db, clock):
         "dispatcher_id": "d",
         "batch": 100,
         "key_cursor": "",
+        "seq_floor": 0,
         "walk_limit": 400,
     }
     plan = await _text_plan(db, sql, params)
@@ -257,6 +259,7 @@ async def _claim_plan_rows(conn, clock, scope: store.ClaimScope, batch: int) -> 
         "dispatcher_id": "d",
         "batch": batch,
         "key_cursor": "",
+        "seq_floor": 0,
         "walk_limit": 4 * batch,
     }
     typed = [bindparam(k, type_=UtcDateTime()) for k in ("now", "locked_until")]
@@ -292,6 +295,7 @@ async def test_a_scoped_claim_on_sqlite_searches_one_range_per_served_type(sqlit
             "dispatcher_id": "d",
             "batch": 100,
             "key_cursor": "",
+            "seq_floor": 0,
             "walk_limit": 400,
         }
         plan = await _text_plan(db, sql, params)
@@ -351,6 +355,7 @@ async def test_a_claim_on_a_large_backlog_is_never_jit_compiled(pg_url, clock, k
             "dispatcher_id": "d",
             "batch": 500,
             "key_cursor": "",
+            "seq_floor": 0,
             "walk_limit": 2000,
         }
         typed = [bindparam(k, type_=UtcDateTime()) for k in ("now", "locked_until")]
