@@ -199,6 +199,7 @@ class OutboxDispatcher:
                 f"({lease_seconds:g}), got {handler_timeout_seconds:g}"
             )
         self.engine = engine
+        self._reader = read_only_engine(engine)  # made once: each call builds a new view
         self.registry = registry
         self.dispatcher_id = dispatcher_id or default_dispatcher_id()
         self.batch_size = batch_size
@@ -393,7 +394,7 @@ class OutboxDispatcher:
         So a pause holds every dispatcher from its next round on, also for a batch that was
         claimed before the pause. None when nothing is left to deliver.
         """
-        async with read_only_engine(self.engine).connect() as conn:
+        async with self._reader.connect() as conn:
             scope = await self._claim_scope(conn)
         paused = [r for r in held.rows if not scope.admits(*_type_and_tenant(r))]
         if not paused:
@@ -553,7 +554,7 @@ class OutboxDispatcher:
         ]
         if not seen_before:
             return set()
-        async with read_only_engine(self.engine).connect() as conn:
+        async with self._reader.connect() as conn:
             return await self.idempotency.succeeded_handlers(conn, seen_before)
 
     def _decode(self, row: ClaimedRow) -> tuple[EventEnvelope | None, str]:

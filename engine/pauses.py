@@ -213,10 +213,13 @@ async def resume(
 
 async def active_pauses(conn: AsyncConnection) -> list[Pause]:
     """Every active pause, oldest first (a claim reads them in its own transaction)."""
-    result = await conn.execute(
-        select(pauses).order_by(pauses.c.paused_at, pauses.c.event_type, pauses.c.tenant_id)
-    )
-    return [_pause(row) for row in result]
+    return [_pause(row) for row in await conn.execute(_ACTIVE_PAUSES)]
+
+
+# Built once: every claim (and every round with a batch claimed ahead) reads the pauses.
+_ACTIVE_PAUSES = select(pauses).order_by(
+    pauses.c.paused_at, pauses.c.event_type, pauses.c.tenant_id
+)
 
 
 async def paused_backlog(engine: AsyncEngine) -> list[PausedBacklog]:
