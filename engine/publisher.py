@@ -31,6 +31,7 @@ from engine.registry import EventRegistry, check_ordering_key
 from engine.schema import outbox_events
 
 _INSERT = insert(outbox_events)
+_BIND = {"clause": _INSERT}  # the bind session.execute(_INSERT) would pick
 _SESSION_CONTEXT = "outbox_task_context"
 _SESSION_REGISTRY = "outbox_registry"
 # Set once the session wrote outbox rows; commit hooks (engine.wakeup) read and clear it.
@@ -207,21 +208,27 @@ def _driver_values(row: dict[str, Any], serialize: Any) -> tuple[Any, ...]:
 
 
 def _flushed_driver_connection(session: Session) -> Any:
-    """Autoflush, then the session's asyncpg connection (runs in the session's greenlet).
+    """Autoflush, then the session's asyncpg connection for the outbox table (runs in the
+    session's greenlet); None when a schema_translate_map applies, which only SQLAlchemy's
+    compiler renders.
 
     The flush comes first, as ``session.execute`` does it: a unit of work that locks its
     aggregate by writing it takes the lock before its event gets a ``seq``.
     """
     if session.autoflush:
         session.flush()
-    return session.connection().connection.driver_connection
+    connection = session.connection(bind_arguments=_BIND)
+    if connection.get_execution_options().get("schema_translate_map"):
+        return None
+    return connection.connection.driver_connection
 
 
 async def _insert_on_driver(
     session: AsyncSession, dialect: Dialect, rows: list[dict[str, Any]]
 ) -> bool:
     """Insert ``rows`` on the session's asyncpg connection; False when it is not in a
-    transaction yet (the caller's ``session.execute`` then begins one as usual).
+    transaction yet (the caller's ``session.execute`` then begins one as usual) or the
+    table name needs SQLAlchemy's schema translation.
 
     One greenlet hop (autoflush and the connection), then one round trip per run of rows
     with the same columns (``execute`` for one row, a pipelined ``executemany`` for
@@ -239,7 +246,7 @@ async def _insert_on_driver(
     except (TypeError, ValueError) as exc:
         raise EventValidationError(f"payload is not JSON-serialisable: {exc}") from None
     driver = await session.run_sync(_flushed_driver_connection)
-    if not driver.is_in_transaction():
+    if driver is None or not driver.is_in_transaction():
         return False
     for sql, values in batches:
         try:

@@ -406,3 +406,29 @@ async def test_publish_flushes_pending_objects_before_its_insert(db, registry, l
         outbox = (await conn.execute(text("SELECT xmin, cmin FROM outbox_events"))).one()
     assert order.xmin == outbox.xmin and int(order.cmin) < int(outbox.cmin)
     assert inserts == ["INSERT INTO test_flushed_orders"]  # the flush began the transaction
+
+
+async def test_a_schema_translate_map_keeps_the_insert_in_sqlalchemy(db, registry):
+    """Only SQLAlchemy's compiler applies schema_translate_map: with one set, the INSERT
+    goes through session.execute on PostgreSQL too (engine listeners see it)."""
+    from sqlalchemy import event
+
+    await _create_orders(db)
+    translated = db.execution_options(schema_translate_map={None: None})
+    statements: list[str] = []
+
+    def record(_conn, _cursor, statement, *_args):
+        statements.append(statement.split("(")[0].strip())
+
+    event.listen(db.sync_engine, "before_cursor_execute", record)
+    try:
+        async with unit_of_work(translated, registry=registry, context=CTX) as session:
+            await _lead(session, "after a business write")
+            await OutboxEventPublisher(session).publish(
+                "orders.placed", order_payload(), aggregate_type="order", aggregate_id="o-1"
+            )
+    finally:
+        event.remove(db.sync_engine, "before_cursor_execute", record)
+    tables = [s.split()[-1].split(".")[-1] for s in statements if s.startswith("INSERT")]
+    assert tables == ["test_orders", "outbox_events"]  # the translated name may carry a schema
+    assert [r["aggregate_id"] for r in await rows(db)] == ["o-1"]
