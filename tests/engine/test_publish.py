@@ -239,20 +239,124 @@ async def test_a_task_started_inside_a_unit_gets_its_own_unit(db, registry):
         await conn.exec_driver_sql("DELETE FROM outbox_events WHERE aggregate_id = 'nobody'")
 
 
-async def test_publish_many_keeps_write_order_when_only_some_events_set_max_attempts(db, registry):
+# On PostgreSQL a publish that follows another statement of its transaction inserts on the
+# session's asyncpg connection (engine.publisher._insert_on_driver); one that opens the
+# transaction goes through session.execute, which begins it. Both ways, on both databases:
+LEADS = ["publish first", "after a business write"]
+
+
+async def _lead(session, lead: str) -> None:
+    if lead == "after a business write":
+        await session.execute(insert(orders).values(id="lead", amount=1))
+
+
+@pytest.mark.parametrize("lead", LEADS)
+@pytest.mark.parametrize("outcome", ["commit", "rollback"])
+async def test_events_commit_and_roll_back_with_the_unit_either_way(db, registry, lead, outcome):
+    from engine.publisher import OutboxEvent
+
+    await _create_orders(db)
+    drafts = [
+        OutboxEvent("orders.placed", order_payload(f"o-{i}"), "order", f"o-{i}") for i in (1, 2)
+    ]
+    with pytest.raises(RuntimeError) if outcome == "rollback" else _no_error():
+        async with unit_of_work(db, registry=registry, context=CTX) as session:
+            await _lead(session, lead)
+            single = await OutboxEventPublisher(session).publish(
+                "orders.placed", order_payload("o-0"), aggregate_type="order", aggregate_id="o-0"
+            )
+            many = await OutboxEventPublisher(session).publish_many(drafts)
+            if outcome == "rollback":
+                raise RuntimeError("the business step failed")
+    stored = sorted(await rows(db), key=lambda r: r["seq"])
+    async with db.connect() as conn:
+        business_rows = (await conn.execute(select(func.count()).select_from(orders))).scalar()
+    if outcome == "rollback":
+        assert stored == [] and business_rows == 0
+        return
+    assert [r["id"] for r in stored] == [single, *many]
+    assert business_rows == (1 if lead == "after a business write" else 0)
+    first = stored[0]
+    assert first["payload"] == {**order_payload("o-0"), **CTX.envelope_fields()}
+    assert (first["status"], first["max_attempts"], first["ordering_key"]) == ("pending", 10, None)
+    assert first["created_at"].tzinfo is not None
+
+
+class _no_error:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *_exc: object) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("lead", LEADS)
+async def test_publish_many_keeps_write_order_when_only_some_events_set_max_attempts(
+    db, registry, lead
+):
     """Rows with and without max_attempts need different column lists; order must hold."""
     from engine.publisher import OutboxEvent
 
+    await _create_orders(db)
+    registry.set_ordering("orders.cancelled")
     budgets = [None, 3, 3, None, 7, None]
     drafts = [
         OutboxEvent("orders.placed", order_payload(f"o-{i}"), "order", f"o-{i}", max_attempts=b)
         for i, b in enumerate(budgets)
     ]
+    drafts += [
+        OutboxEvent("orders.cancelled", {}, "order", "o-1"),
+        OutboxEvent("orders.placed", order_payload("o-9"), "order", "o-9", ordering_key="k-9"),
+    ]
     async with unit_of_work(db, registry=registry, context=CTX) as session:
-        await OutboxEventPublisher(session).publish_many(drafts)
+        await _lead(session, lead)
+        ids = await OutboxEventPublisher(session).publish_many(drafts)
     stored = sorted(await rows(db), key=lambda r: r["seq"])
-    assert [r["aggregate_id"] for r in stored] == [f"o-{i}" for i in range(len(budgets))]
-    assert [r["max_attempts"] for r in stored] == [10 if b is None else b for b in budgets]
+    assert [r["id"] for r in stored] == ids
+    assert [r["aggregate_id"] for r in stored] == [f"o-{i}" for i in range(len(budgets))] + [
+        "o-1",
+        "o-9",
+    ]
+    assert [r["max_attempts"] for r in stored] == [10 if b is None else b for b in budgets] + [
+        10,
+        10,
+    ]
+    assert [r["ordering_key"] for r in stored] == [None] * len(budgets) + ["order:o-1", "k-9"]
+
+
+@pytest.mark.parametrize("lead", LEADS)
+async def test_a_non_json_payload_and_a_database_error_are_raised_as_before(
+    db, registry, lead, monkeypatch
+):
+    """EventValidationError for a payload json cannot encode; a driver error comes as
+    SQLAlchemy's own exception class (here IntegrityError: an id used twice), and the whole
+    unit rolls back."""
+    from sqlalchemy.exc import IntegrityError
+
+    await _create_orders(db)
+    with pytest.raises(EventValidationError, match="not JSON-serialisable"):
+        async with unit_of_work(db, registry=registry, context=CTX) as session:
+            await _lead(session, lead)
+            await OutboxEventPublisher(session).publish(
+                "orders.placed",
+                order_payload(blob={1, 2}),
+                aggregate_type="order",
+                aggregate_id="o-1",
+            )
+    monkeypatch.setattr("engine.publisher.uuid7", lambda: "0190a8e0-0000-7000-8000-00000000000d")
+    async with unit_of_work(db, registry=registry, context=CTX) as session:
+        await OutboxEventPublisher(session).publish(
+            "orders.placed", order_payload(), aggregate_type="order", aggregate_id="o-1"
+        )
+    with pytest.raises(IntegrityError):
+        async with unit_of_work(db, registry=registry, context=CTX) as session:
+            await _lead(session, lead)
+            await OutboxEventPublisher(session).publish(
+                "orders.placed", order_payload(), aggregate_type="order", aggregate_id="o-2"
+            )
+    assert [r["aggregate_id"] for r in await rows(db)] == ["o-1"]
+    async with db.connect() as conn:
+        assert (await conn.execute(select(func.count()).select_from(orders))).scalar() == 0
 
 
 class _FlushedBase(DeclarativeBase):
@@ -264,11 +368,17 @@ class _FlushedOrder(_FlushedBase):
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
 
 
-async def test_publish_flushes_pending_objects_first_and_is_seen_by_engine_events(db, registry):
-    """The aggregate's own write (and its row lock) goes before the event's INSERT, and the
-    INSERT runs through the connection like any statement, so engine listeners see it."""
-    from sqlalchemy import event
+@pytest.mark.parametrize("lead", LEADS)
+async def test_publish_flushes_pending_objects_before_its_insert(db, registry, lead):
+    """The aggregate's own write (and its row lock) goes before the event's INSERT.
 
+    SQLite: the statements seen by an engine listener. PostgreSQL: the INSERT after a
+    business write bypasses SQLAlchemy's execution, so listeners do not see it; there the
+    rows' command ids within their transaction (``cmin``) give the order instead.
+    """
+    from sqlalchemy import event, text
+
+    await _create_orders(db)
     async with db.begin() as conn:
         await conn.run_sync(_FlushedBase.metadata.create_all)
     statements: list[str] = []
@@ -279,12 +389,46 @@ async def test_publish_flushes_pending_objects_first_and_is_seen_by_engine_event
     event.listen(db.sync_engine, "before_cursor_execute", record)
     try:
         async with unit_of_work(db, registry=registry, context=CTX) as session:
+            await _lead(session, lead)
             session.add(_FlushedOrder(id="o-1"))
             await OutboxEventPublisher(session).publish(
                 "orders.placed", order_payload(), aggregate_type="order", aggregate_id="o-1"
             )
     finally:
         event.remove(db.sync_engine, "before_cursor_execute", record)
-    inserts = [s for s in statements if s.startswith("INSERT")]
-    assert inserts == ["INSERT INTO test_flushed_orders", "INSERT INTO outbox_events"]
     assert len(await rows(db)) == 1
+    inserts = [s for s in statements if s.startswith("INSERT") and "test_orders" not in s]
+    if db.dialect.name == "sqlite":
+        assert inserts == ["INSERT INTO test_flushed_orders", "INSERT INTO outbox_events"]
+        return
+    async with db.connect() as conn:
+        order = (await conn.execute(text("SELECT xmin, cmin FROM test_flushed_orders"))).one()
+        outbox = (await conn.execute(text("SELECT xmin, cmin FROM outbox_events"))).one()
+    assert order.xmin == outbox.xmin and int(order.cmin) < int(outbox.cmin)
+    assert inserts == ["INSERT INTO test_flushed_orders"]  # the flush began the transaction
+
+
+async def test_a_schema_translate_map_keeps_the_insert_in_sqlalchemy(db, registry):
+    """Only SQLAlchemy's compiler applies schema_translate_map: with one set, the INSERT
+    goes through session.execute on PostgreSQL too (engine listeners see it)."""
+    from sqlalchemy import event
+
+    await _create_orders(db)
+    translated = db.execution_options(schema_translate_map={None: None})
+    statements: list[str] = []
+
+    def record(_conn, _cursor, statement, *_args):
+        statements.append(statement.split("(")[0].strip())
+
+    event.listen(db.sync_engine, "before_cursor_execute", record)
+    try:
+        async with unit_of_work(translated, registry=registry, context=CTX) as session:
+            await _lead(session, "after a business write")
+            await OutboxEventPublisher(session).publish(
+                "orders.placed", order_payload(), aggregate_type="order", aggregate_id="o-1"
+            )
+    finally:
+        event.remove(db.sync_engine, "before_cursor_execute", record)
+    tables = [s.split()[-1].split(".")[-1] for s in statements if s.startswith("INSERT")]
+    assert tables == ["test_orders", "outbox_events"]  # the translated name may carry a schema
+    assert [r["aggregate_id"] for r in await rows(db)] == ["o-1"]

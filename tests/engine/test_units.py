@@ -21,6 +21,7 @@ def test_uuid7_is_version_7_and_strictly_increasing():
     assert ids == sorted(ids) and len(set(ids)) == len(ids)
     parsed = uuid.UUID(ids[0])
     assert parsed.version == 7 and parsed.variant == uuid.RFC_4122
+    assert all(str(uuid.UUID(i)) == i for i in ids)  # the canonical lowercase text form
 
 
 def test_exponential_backoff_doubles_up_to_the_cap():
