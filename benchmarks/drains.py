@@ -189,9 +189,21 @@ def floor_script(batch: int, *, order_by: str, unordered_only: bool) -> str:
     else up to ``batch`` due rows, ``FOR UPDATE SKIP LOCKED``, all columns returned). The
     completion is ``mark_published``'s fence (status, holder, lease) with the batch
     picked by holder instead of by its (id, claim_version) list, which pgbench cannot
-    carry from one statement to the next.
+    carry from one statement to the next. With ``seq`` ordering, each client keeps the
+    claim's keyset floor as a dispatcher does (``:seq_floor``, from ``-D seq_floor=0``):
+    after a full batch, the next claim starts after its last row; otherwise at 0.
     """
     unordered = " AND ordering_key IS NULL" if unordered_only else ""
+    keyset = order_by == "seq"
+    floor = " AND seq >= :seq_floor" if keyset else ""
+    next_floor = (
+        f"""SELECT CASE WHEN count(*) >= {batch} THEN max(seq) + 1 ELSE 0 END AS seq_floor
+FROM outbox_events WHERE status = 'publishing' AND locked_by = 'floor-' || :client_id::text
+\\gset
+"""
+        if keyset
+        else ""
+    )
     return f"""WITH abandoned AS (
   SELECT id FROM outbox_events WHERE status = 'publishing' AND locked_until < now()
   ORDER BY locked_until LIMIT 1 FOR UPDATE SKIP LOCKED
@@ -200,7 +212,7 @@ def floor_script(batch: int, *, order_by: str, unordered_only: bool) -> str:
   WHERE status IN ('pending', 'publishing', 'failed'){unordered}
     AND status IN ('pending', 'failed')
     AND (next_retry_at IS NULL OR next_retry_at <= now())
-    AND (locked_until IS NULL OR locked_until < now())
+    AND (locked_until IS NULL OR locked_until < now()){floor}
     AND NOT EXISTS (SELECT id FROM abandoned)
   ORDER BY {order_by} LIMIT {batch} FOR UPDATE SKIP LOCKED
 )
@@ -209,7 +221,7 @@ UPDATE outbox_events SET status = 'publishing', claim_version = claim_version + 
   locked_until = now() + interval '30 seconds'
 WHERE id IN (SELECT id FROM abandoned UNION ALL SELECT id FROM waiting)
 RETURNING *;
-UPDATE outbox_events SET status = 'published', published_at = now(), last_error = NULL,
+{next_floor}UPDATE outbox_events SET status = 'published', published_at = now(), last_error = NULL,
   next_retry_at = NULL, locked_by = NULL, locked_until = NULL
 WHERE status = 'publishing' AND locked_by = 'floor-' || :client_id::text AND locked_until > now()
 RETURNING id;
@@ -233,8 +245,11 @@ async def floor(ctx: Context, events: int, *, clients: int = 2) -> dict[str, Any
     )
     url = make_url(ctx.url)
     # Enough rounds to drain; the last ones find nothing and cost a millisecond.
-    rounds = math.ceil(events / ctx.batch_size / clients) + 2
+    # (+4: a client whose floor ran past the last rows has an empty round before it
+    # starts over.)
+    rounds = math.ceil(events / ctx.batch_size / clients) + 4
     argv = [binary, "-n", "-M", "prepared", "-c", str(clients), "-j", str(clients)]
+    argv += ["-D", "seq_floor=0"]
     argv += ["-t", str(rounds), "-f", str(script), "-h", url.host or "127.0.0.1"]
     argv += ["-p", str(url.port or 5432), "-U", url.username or "", url.database or ""]
     env = dict(os.environ, PGPASSWORD=url.password or "")

@@ -1,0 +1,85 @@
+"""The unordered claim's keyset floor (``claim_batch(seq_floor=...)``).
+
+A dispatcher that claimed a full batch goes on after its last unordered row, so it does
+not walk again over the index entries of rows published since the last vacuum. The floor
+must never strand a row: one below it that becomes due again (a retry, a hand-back) is
+claimed at once when nothing is due above the floor, and within ``SEQ_FLOOR_RESET`` while
+a backlog above it keeps every batch full.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from engine import OutboxDispatcher, store
+from engine.backoff import BackoffPolicy
+
+from .conftest import rows
+from .test_relay_prefetch import publish
+
+LEASE = timedelta(seconds=30)
+
+
+async def claim(db, clock, *, floor: int, batch: int = 2) -> store.ClaimedBatch:
+    async with db.begin() as conn:
+        return await store.claim_batch(
+            conn, dispatcher_id="d", batch_size=batch, lease=LEASE, now=clock.now, seq_floor=floor
+        )
+
+
+async def test_a_full_batch_moves_the_floor_past_its_last_row_and_the_next_claim_starts_there(
+    db, registry, clock
+):
+    ids = await publish(db, registry, 5)
+    first = await claim(db, clock, floor=0)
+    assert [r.event_id for r in first.rows] == ids[:2]
+    assert first.seq_floor == first.rows[-1].seq + 1
+    second = await claim(db, clock, floor=first.seq_floor)
+    assert [r.event_id for r in second.rows] == ids[2:4]
+    last = await claim(db, clock, floor=second.seq_floor)  # not full: start over next time
+    assert [r.event_id for r in last.rows] == ids[4:]
+    assert last.seq_floor == 0
+
+
+async def test_nothing_due_above_the_floor_goes_round_from_the_first_row_at_once(
+    db, registry, clock
+):
+    ids = await publish(db, registry, 3)
+    seqs = {r.event_id: r.seq for r in (await claim(db, clock, floor=0, batch=3)).rows}
+    async with db.begin() as conn:  # handed back, as a stopping dispatcher does
+        released = await store.release_unattempted(conn, [(ids[0], 1)], store.Fence("d", clock.now))
+    assert released == {ids[0]}
+    # A floor above every row: the claim finds nothing there and takes the released row.
+    again = await claim(db, clock, floor=seqs[ids[2]] + 1)
+    assert [r.event_id for r in again.rows] == [ids[0]]
+
+
+async def test_a_retry_below_the_floor_is_claimed_within_the_reset_while_a_backlog_waits(
+    db, registry, clock
+):
+    ids = await publish(db, registry, 20)
+    failures = {ids[0]}
+    handled: list[str] = []
+
+    async def handler(envelope):
+        handled.append(envelope.event_id)
+        if envelope.event_id in failures:
+            failures.discard(envelope.event_id)
+            raise RuntimeError("vendor hiccup")
+
+    registry.register_handler("orders.placed", handler, key="floor-test")
+    retry = BackoffPolicy(kind="fixed", base_seconds=0.5, max_seconds=0.5)
+    dispatcher = OutboxDispatcher(db, registry, clock=clock, batch_size=2, backoff=retry)
+    assert (await dispatcher.dispatch_once()).failed == 1  # ids[0] waits for its retry
+    clock.advance(0.6)  # due again, below the floor, with 18 rows waiting above it
+    rounds = 0
+    while handled.count(ids[0]) < 2:
+        await dispatcher.dispatch_once()
+        rounds += 1
+        assert rounds < 9, "the retry waited for the backlog above the floor to drain"
+        clock.advance(0.25)
+    # Claimed by the first round at least SEQ_FLOOR_RESET after the floor was last 0, not
+    # after the 9 rounds the backlog above the floor takes.
+    assert timedelta(seconds=0.25 * (rounds - 1)) <= store.SEQ_FLOOR_RESET
+    by_id = {r["id"]: r for r in await rows(db)}
+    assert by_id[ids[0]]["status"] == "published"
