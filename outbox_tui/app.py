@@ -52,6 +52,9 @@ class ConsoleConfig:
     stale_after_seconds: float = 30.0
     recent_window_seconds: float = 300.0
     poll_timeout_seconds: float = 10.0
+    # How often the published total and the purge backlog are counted in full (off the
+    # refresh path: they grow with the table; refreshes add what was published since).
+    published_recount_seconds: float = 10.0
     pending_age: AgeThresholds = field(default_factory=AgeThresholds)
     dedup_window_seconds: float | None = None  # None: the default, 7 days
 

@@ -58,6 +58,7 @@ class EventTable(DataTable[Text | str]):
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)  # type: ignore[arg-type]
         self.mode = ""
         self._events: dict[str, EventSummary] = {}
+        self._cells_shown: dict[str, list[Text | str]] = {}
 
     @property
     def events(self) -> list[EventSummary]:
@@ -95,18 +96,25 @@ class EventTable(DataTable[Text | str]):
             self.mode = mode
             keep, row_before, offset = None, 0, 0
         elif [e.id for e in events] == list(self._events):
-            # The same rows (a refresh of an unchanged page): update cells in place, no jump.
+            # The same rows (a refresh of an unchanged page): update in place, no jump, and
+            # only the cells that changed: each update makes the table draw its rows again.
             self._events = {e.id: e for e in events}
             keys = [c.key for c in self.ordered_columns]
             for event in events:
-                for column, value in zip(keys, self._cells(event, now), strict=True):
-                    self.update_cell(event.id, column, value)
+                cells = self._cells(event, now)
+                shown = self._cells_shown.get(event.id, [])
+                for i, (column, value) in enumerate(zip(keys, cells, strict=True)):
+                    if i >= len(shown) or not _same_cell(shown[i], value):
+                        self.update_cell(event.id, column, value)
+                self._cells_shown[event.id] = cells
             return
         else:
             self.clear()
         self._events = {e.id: e for e in events}
+        self._cells_shown = {}
         for event in events:
-            self.add_row(*self._cells(event, now), key=event.id)
+            cells = self._cells_shown[event.id] = self._cells(event, now)
+            self.add_row(*cells, key=event.id)
         if not events:
             return
         ids = list(self._events)
@@ -149,3 +157,10 @@ class EventTable(DataTable[Text | str]):
             # Wide terminals give the error the room the other columns leave.
             Text(one_line(e.last_error, max(40, self.size.width - 100)), style=MUTED_STYLE),
         ]
+
+
+def _same_cell(a: Text | str, b: Text | str) -> bool:
+    """Whether two cells draw the same (rich's ``Text ==`` ignores the base style)."""
+    if isinstance(a, Text) and isinstance(b, Text):
+        return a.plain == b.plain and a.style == b.style and a.spans == b.spans
+    return type(a) is type(b) and a == b
