@@ -239,6 +239,8 @@ class MainScreen(
         if message.generation == self._generation:
             self._show_page(message.page, snap.taken_at)
         self.refreshes += 1
+        if self.refreshes == 1:
+            self.call_after_refresh(self.console_app.settle_collector)  # once it is drawn
         if self.detail_open:
             self.load_detail()
 
