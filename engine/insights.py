@@ -26,15 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import (
-    Select,
-    Text,
-    func,
-    literal,
-    select,
-    text,
-    type_coerce,
-)
+from sqlalchemy import Select, Text, func, literal, select, text, type_coerce
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.selectable import TextualSelect
 
