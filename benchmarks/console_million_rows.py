@@ -12,9 +12,11 @@ a URL the table is a SQLite file at ``/tmp/outbox-console-1m.db``, reused unless
 ``measure`` (``--measure``: one JSON line, what the harness reads from a fresh process so
 that its memory is the console's alone) runs the real console headless (``make_app`` +
 ``run_test``) while a ticker measures how long the event loop is ever blocked, reads its
-peak RSS, then times what one console refresh asks (overview, paused backlog, top types,
-the first page of events). Without --measure the script also times paging deep into the
-table, each filter, a detail and a replay summary, one line each.
+peak RSS, then times what one console refresh asks (the live overview, paused backlog,
+top types, the first page of events) and, apart, the recount of published rows the
+console runs every few seconds off its refresh path (``recount_ms``). Without --measure
+the script also times paging deep into the table, each filter, a detail and a replay
+summary, one line each.
 """
 
 from __future__ import annotations
@@ -192,18 +194,27 @@ def _insights(engine: Any) -> OutboxInsights:
 
 async def refresh_figures(url: str, repeat: int = 5) -> dict[str, Any]:
     """Milliseconds of one console refresh (what ``MainScreen._poll`` asks), median of
-    ``repeat``, and of each of its parts: the slowest part is what bounds it."""
+    ``repeat``, and of each of its parts: the slowest part is what bounds it. The
+    recount of published rows (``published_totals``) is timed apart: the console runs
+    it beside the refreshes, not in them."""
     engine = create_engine(url)
     insights = _insights(engine)
+    totals = await insights.published_totals()
+    mark = None
+
+    async def live_overview() -> None:
+        nonlocal mark
+        mark = (await insights.live_overview(totals, since=mark)).mark
+
     parts: dict[str, Callable[[], Awaitable[Any]]] = {
-        "overview": insights.overview,
+        "overview": live_overview,
         "paused_backlog": lambda: paused_backlog(engine),
         "top_types": lambda: insights.top_types(limit=5),
         "first_page": lambda: insights.events_page(limit=100),
     }
-    samples: dict[str, list[float]] = {name: [] for name in [*parts, "refresh"]}
+    samples: dict[str, list[float]] = {name: [] for name in [*parts, "refresh", "recount"]}
     try:
-        await insights.overview()  # warm the pool and the statement caches
+        await live_overview()  # warm the pool and the statement caches
         for _ in range(repeat):
             total = 0.0
             for name, call in parts.items():
@@ -213,6 +224,9 @@ async def refresh_figures(url: str, repeat: int = 5) -> dict[str, Any]:
                 samples[name].append(took)
                 total += took
             samples["refresh"].append(total)
+            started = time.perf_counter()
+            await insights.published_totals()
+            samples["recount"].append((time.perf_counter() - started) * 1000)
     finally:
         await engine.dispose()
     return {f"{name}_ms": round(statistics.median(v), 1) for name, v in samples.items()}

@@ -117,6 +117,11 @@ def console_cells(rec: dict[str, Any], cores: int) -> tuple[str, str, str, str]:
         return "<br>".join(
             f"{names[db]} at {n:,}: refresh {side[key]:.0f} ms, "
             f"peak RSS {side['rss_mb'][size]:.0f} MB"
+            + (
+                f", published recount (beside the refreshes) {side['recount_ms']:.0f} ms"
+                if size == "large" and "recount_ms" in side
+                else ""
+            )
             for db, side in dbs.items()
         )
 

@@ -7,18 +7,26 @@ delivers and what is held back: heartbeats, unserved types, blocked keys). Every
 served by an index (counts by status, keyset pages by id), so the console stays
 responsive with millions of rows, and all reads use deferred transactions so
 they never take SQLite's write lock.
+
+Two counts grow with the table rather than with the work: every published row, and
+the published rows past the retention. ``overview()`` (``stats``, metrics) counts
+them exactly each time. A console refreshing every second asks ``live_overview``
+instead: it counts only what is waiting, in flight or failing, and carries the
+published figures from the last ``published_totals()`` (a recount the console runs
+off its refresh path, every few seconds), adding the events published since that
+recount from the ``published_at`` index (``PublishedMark``).
 """
 
 from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Select, Text, column, func, literal, select, text, type_coerce
+from sqlalchemy import Select, Text, func, literal, select, text, type_coerce
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.selectable import TextualSelect
 
@@ -47,6 +55,16 @@ from engine.event_views import (
     MatchSummary,
     filtered,
 )
+from engine.overview import OverviewSnapshot, oldest_due, oldest_due_statements
+from engine.published_counts import (
+    PublishedMark,
+    PublishedTotals,
+    count_awaiting_purge,
+    count_published_from,
+    count_since,
+    count_totals,
+    published_window_statements,
+)
 from engine.schema import (
     BACKLOG_PREDICATE,
     DEAD_LETTER,
@@ -55,9 +73,7 @@ from engine.schema import (
     PENDING,
     PUBLISHED,
     PUBLISHING,
-    REPLAYED_PENDING_PREDICATE,
     STATUSES,
-    UtcDateTime,
     handler_runs,
     outbox_events,
     replay_log,
@@ -65,7 +81,8 @@ from engine.schema import (
 )
 
 # ALIVE, STALE, STOPPED, BlockedKey, HeartbeatView and UnservedType are engine.dispatch_health's,
-# the Event* types and MatchSummary engine.event_views'.
+# the Event* types and MatchSummary engine.event_views', OverviewSnapshot and
+# oldest_due_statements engine.overview's, the Published* ones engine.published_counts'.
 __all__ = [
     "ALIVE",
     "STALE",
@@ -80,46 +97,16 @@ __all__ = [
     "MatchSummary",
     "OutboxInsights",
     "OverviewSnapshot",
+    "PublishedMark",
+    "PublishedTotals",
     "TypeCounts",
     "UnservedType",
     "oldest_due_statements",
+    "published_window_statements",
     "top_types_statements",
 ]
 
 t = outbox_events
-
-
-@dataclass(frozen=True, slots=True)
-class OverviewSnapshot:
-    """Counts and ages at one instant, for dashboards and `stats`."""
-
-    taken_at: datetime
-    counts: Mapping[str, int]
-    published_recent: int
-    recent_window_seconds: float
-    # When the longest-waiting pending event became due: created, or replayed since.
-    oldest_pending_at: datetime | None
-    stuck_publishing: int
-    awaiting_purge: int | None
-    retention_seconds: float | None
-    heartbeats: Sequence[HeartbeatView]
-    # Ordering keys whose head is failed or dead-lettered, and the oldest such head.
-    blocked_keys: int = 0
-    oldest_blocked_head_at: datetime | None = None
-    # Waiting events of types no live dispatcher serves (empty while none is alive).
-    unserved: Sequence[UnservedType] = ()
-
-    @property
-    def oldest_pending_age_seconds(self) -> float | None:
-        if self.oldest_pending_at is None:
-            return None
-        return max(0.0, (self.taken_at - self.oldest_pending_at).total_seconds())
-
-    @property
-    def oldest_blocked_head_age_seconds(self) -> float | None:
-        if self.oldest_blocked_head_at is None:
-            return None
-        return max(0.0, (self.taken_at - self.oldest_blocked_head_at).total_seconds())
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,39 +144,75 @@ class OutboxInsights:
         self.retention_seconds = retention_seconds
 
     async def overview(self) -> OverviewSnapshot:
+        """Everything, counted now: ``published`` and ``awaiting_purge`` included."""
         now = self._clock()
         async with storage_errors(self._engine.url), self._engine.connect() as conn:
-            counts = {}
-            for status in STATUSES:  # one indexed count each beats a GROUP BY scan
+            totals = await self._totals(conn, now)
+            return await self._snapshot(conn, now, totals, carried=False, since=None)
+
+    async def live_overview(
+        self, totals: PublishedTotals, *, since: PublishedMark | None = None
+    ) -> OverviewSnapshot:
+        """The overview without recounting published rows: a console's refresh.
+
+        ``counts["published"]`` is ``totals.published`` plus the rows published since
+        ``totals.mark``; ``awaiting_purge`` is counted now while under
+        ``AWAITING_PURGE_CAP`` (a purge that keeps up), else the recount's. ``since``
+        (the previous live overview's ``mark``) makes ``published_since`` the events
+        published in between.
+        Every count here is bounded by the work (waiting, in flight, failing, published
+        lately), not by the table.
+        """
+        now = self._clock()
+        async with storage_errors(self._engine.url), self._engine.connect() as conn:
+            return await self._snapshot(conn, now, totals, carried=True, since=since)
+
+    async def published_totals(self) -> PublishedTotals:
+        """The published total and the purge backlog, exactly: two counts over the
+        published rows (index-only, yet proportional to them)."""
+        now = self._clock()
+        async with storage_errors(self._engine.url), self._engine.connect() as conn:
+            return await self._totals(conn, now)
+
+    async def _totals(self, conn: AsyncConnection, now: datetime) -> PublishedTotals:
+        return await count_totals(conn, now, self.retention_seconds)
+
+    async def _snapshot(
+        self,
+        conn: AsyncConnection,
+        now: datetime,
+        totals: PublishedTotals,
+        *,
+        carried: bool,
+        since: PublishedMark | None,
+    ) -> OverviewSnapshot:
+        counts = {}
+        for status in STATUSES:  # one indexed count each beats a GROUP BY scan
+            if status != PUBLISHED:
                 counts[status] = await _scalar(
                     conn, select(func.count()).select_from(t).where(t.c.status == status)
                 )
-            recent_since = now - timedelta(seconds=self.recent_window_seconds)
-            published_recent = await _scalar(
-                conn,
-                select(func.count())
-                .select_from(t)
-                .where(t.c.status == PUBLISHED, t.c.published_at >= recent_since),
-            )
-            oldest = await _oldest_due(conn)
-            stuck = await _scalar(
-                conn,
-                select(func.count())
-                .select_from(t)
-                .where(t.c.status == PUBLISHING, t.c.locked_until < now),
-            )
-            awaiting_purge = None
+        recent_since = now - timedelta(seconds=self.recent_window_seconds)
+        published_recent = await count_published_from(conn, recent_since)
+        published, published_since, mark = totals.published, None, None
+        awaiting_purge = totals.awaiting_purge
+        if carried:  # add what was published since the recount
+            published, published_since, mark = await count_since(conn, totals, since)
             if self.retention_seconds is not None:
                 cutoff = now - timedelta(seconds=self.retention_seconds)
-                awaiting_purge = await _scalar(
-                    conn,
-                    select(func.count())
-                    .select_from(t)
-                    .where(t.c.status == PUBLISHED, t.c.published_at < cutoff),
-                )
-            heartbeats = await self._heartbeats(conn, now)
-            unserved = await unserved_types(conn, heartbeats, now)
-            blocked_keys, oldest_blocked = await blocked_summary(conn)
+                awaiting_purge = await count_awaiting_purge(conn, cutoff, totals)
+        counts[PUBLISHED] = published
+        counts = {status: counts[status] for status in STATUSES}
+        oldest = await oldest_due(conn)
+        stuck = await _scalar(
+            conn,
+            select(func.count())
+            .select_from(t)
+            .where(text(IN_FLIGHT_PREDICATE), t.c.status == PUBLISHING, t.c.locked_until < now),
+        )
+        heartbeats = await self._heartbeats(conn, now)
+        unserved = await unserved_types(conn, heartbeats, now)
+        blocked_keys, oldest_blocked = await blocked_summary(conn)
         return OverviewSnapshot(
             taken_at=now,
             counts=counts,
@@ -203,6 +226,9 @@ class OutboxInsights:
             blocked_keys=blocked_keys,
             oldest_blocked_head_at=oldest_blocked,
             unserved=unserved,
+            published_counted_at=totals.taken_at,
+            published_since=published_since,
+            mark=mark,
         )
 
     async def top_types(self, *, limit: int = 10) -> list[TypeCounts]:
@@ -341,43 +367,6 @@ class OutboxInsights:
         return EventDetail(values, payload, payload_error, replays, runs, effects, earlier)
 
 
-def oldest_due_statements(dialect: str) -> tuple[Select[Any], TextualSelect]:
-    """The two probes of "oldest pending": the first never-replayed pending row by id
-    (ix_outbox_events_status_id), and the earliest replay among the replayed pending
-    rows (ix_outbox_events_replayed_pending, which holds only those).
-
-    The first walks past replayed pending rows with a lower id: at most as many as the
-    replayed-pending index holds.
-    """
-    created = (
-        select(t.c.created_at)
-        .where(t.c.status == PENDING, t.c.last_replayed_at.is_(None))
-        .order_by(t.c.id)
-        .limit(1)
-    )
-    table = "outbox_events"
-    if dialect == "sqlite":  # without statistics its planner prefers the status index
-        table += " INDEXED BY ix_outbox_events_replayed_pending"
-    replayed = text(
-        f"SELECT last_replayed_at FROM {table} WHERE {REPLAYED_PENDING_PREDICATE} "
-        "ORDER BY last_replayed_at LIMIT 1"
-    ).columns(column("last_replayed_at", UtcDateTime()))
-    return created, replayed
-
-
-async def _oldest_due(conn: AsyncConnection) -> datetime | None:
-    """When the longest-waiting pending event became due: created, or last replayed.
-
-    A replayed 40-day-old dead letter has waited since its replay, not for 40 days.
-    """
-    created, replayed = oldest_due_statements(conn.dialect.name)
-    found = [
-        (await conn.execute(created)).scalar_one_or_none(),
-        (await conn.execute(replayed)).scalar_one_or_none(),
-    ]
-    return min((f for f in found if f is not None), default=None)
-
-
 def top_types_statements() -> tuple[Select[Any], Select[Any]]:
     """(status, event_type, count) rows: the backlog statuses, then the rows in flight."""
     backlog = (
@@ -393,7 +382,7 @@ def top_types_statements() -> tuple[Select[Any], Select[Any]]:
     return backlog, in_flight
 
 
-async def _scalar(conn: AsyncConnection, stmt: Select[Any]) -> int:
+async def _scalar(conn: AsyncConnection, stmt: Select[Any] | TextualSelect) -> int:
     return int((await conn.execute(stmt)).scalar_one())
 
 

@@ -5,8 +5,9 @@ timeout and its own "missing SQLite file" message; ``open_engine`` names the
 purpose instead:
 
 - ``command``: a one-shot CLI command (a small default pool);
-- ``console``: must notice when the database goes away (SQLite without a pool,
-  opened ``mode=rw`` so a missing file is an error, never a new empty database);
+- ``console``: must notice when the database goes away (SQLite opened ``mode=rw``
+  so a missing file is an error, never a new empty database, and a pooled
+  connection is dropped at checkout once its file was moved, replaced or deleted);
 - ``dispatcher``: the run loop (the console's ``s`` and ``outbox-tui dispatch``).
 """
 
@@ -14,14 +15,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Literal
 
 import aiosqlite
+from sqlalchemy import event
 from sqlalchemy.engine import URL
+from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncEngine
-from sqlalchemy.pool import NullPool
+from sqlalchemy.pool import ConnectionPoolEntry
 
 from engine.database import (
     INIT_DB,
@@ -69,17 +73,46 @@ def open_engine(database_url: str | URL, purpose: Purpose) -> AsyncEngine:
     if url.get_backend_name() == "sqlite":
         if purpose != "console":
             return create_engine(url)
-        uri = Path(url.database or "").absolute().as_uri() + "?mode=rw"
+        path = Path(url.database or "").absolute()
+        uri = path.as_uri() + "?mode=rw"
 
         async def connect() -> aiosqlite.Connection:
             return await aiosqlite.connect(uri, uri=True, timeout=SQLITE_BUSY_TIMEOUT_SECONDS)
 
-        # No pool: a pooled connection keeps reading a file that was moved or deleted.
-        return create_engine(url, poolclass=NullPool, async_creator=connect)
+        # Pooled: each new aiosqlite connection starts a thread, and Thread.start() holds
+        # the event loop until that thread runs (140 ms and more on a busy machine). A
+        # pooled connection would keep reading a file that was moved or deleted, so one
+        # whose file is no longer the one it opened is dropped at checkout.
+        engine = create_engine(url, pool_size=2, max_overflow=2, async_creator=connect)
+        _drop_when_the_file_changes(engine, path)
+        return engine
     kwargs: dict[str, Any] = {"connect_args": {"timeout": PG_CONNECT_TIMEOUT_SECONDS}}
     if purpose == "console":
         kwargs.update(pool_size=2, max_overflow=2)
     return create_engine(url, **kwargs)
+
+
+def _file_identity(path: Path) -> tuple[int, int] | None:
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino
+
+
+def _drop_when_the_file_changes(engine: AsyncEngine, path: Path) -> None:
+    """Check out only connections to the file now at ``path`` (one stat per checkout)."""
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def _opened(_dbapi: object, record: ConnectionPoolEntry) -> None:
+        record.info["file"] = _file_identity(path)
+
+    @event.listens_for(engine.sync_engine, "checkout")
+    def _checkout(_dbapi: object, record: ConnectionPoolEntry, _proxy: object) -> None:
+        if record.info.get("file") != _file_identity(path):
+            # The pool drops this connection and opens a new one, which fails plainly
+            # ("unable to open database file") while the file is gone.
+            raise DisconnectionError(f"{path} was moved, replaced or deleted")
 
 
 async def dispose(engine: AsyncEngine) -> None:

@@ -5,11 +5,14 @@ dispatch switch (``dispatch_switch``) are the parts it combines; its key binding
 come from the action table (``outbox_tui.actions``).
 
 Data flow: a timer starts an exclusive ``poll`` worker; the worker asks
-``OutboxInsights`` (the overview, the top types, the page) and ``engine.operations``
+``OutboxInsights`` (the live overview, the top types, the page) and ``engine.operations``
 (the active pauses) and posts ``PollSucceeded`` / ``PollFailed``; the handlers
 update the widgets, and add the snapshot to the ``Trends`` ring the overview draws.
 The next poll is scheduled only after the previous one finished, so polls never
 overlap, and polling pauses while a dialog is open.
+
+The published total and the purge backlog grow with the table, so a refresh does not
+recount them (``published_recount``).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from textual.worker import Worker, WorkerState
 from engine.errors import OutboxError
 from engine.insights import EventPage, OverviewSnapshot
 from engine.operations import paused_backlog
-from engine.schema import DEAD_LETTER, PUBLISHED
+from engine.schema import DEAD_LETTER
 from engine.trends import Sample, Trends
 from outbox_tui.actions import bindings
 from outbox_tui.messages import (
@@ -66,6 +69,7 @@ from outbox_tui.screens.browser import (
 from outbox_tui.screens.dead_letter_actions import DeadLetterActions
 from outbox_tui.screens.dispatch_switch import DispatchSwitch
 from outbox_tui.screens.incident_actions import IncidentActions
+from outbox_tui.screens.published_recount import PublishedRecount
 from outbox_tui.widgets.footer import ConsoleFooter
 
 THROUGHPUT_POINTS = 60
@@ -73,7 +77,9 @@ TREND_SAMPLES = 120  # two minutes at the default refresh of one second
 TOP_TYPES = 5
 
 
-class MainScreen(EventBrowser, DeadLetterActions, DispatchSwitch, IncidentActions):
+class MainScreen(
+    EventBrowser, DeadLetterActions, DispatchSwitch, IncidentActions, PublishedRecount
+):
     """Everything on one screen; the bindings here are the console's verbs."""
 
     COMMANDS = {ConsoleCommands}  # noqa: RUF012 - Textual's declaration style
@@ -97,7 +103,7 @@ class MainScreen(EventBrowser, DeadLetterActions, DispatchSwitch, IncidentAction
         self.throughput: deque[int] = deque(maxlen=THROUGHPUT_POINTS)
         self.trends = Trends(TREND_SAMPLES)
         self.trend: TrendView | None = None  # the last one drawn (tests read its verdict)
-        self._last_published: int | None = None
+        self._bindings_shown: tuple[object, ...] | None = None
         self._generation = 0
         self._poll_timer: Timer | None = None
         self._poll_waiting = False
@@ -170,7 +176,7 @@ class MainScreen(EventBrowser, DeadLetterActions, DispatchSwitch, IncidentAction
         timeout = self.console_app.config.poll_timeout_seconds
         try:
             async with asyncio.timeout(timeout):
-                snapshot = await db(insights.overview())
+                snapshot = await self.live_overview()
                 pauses = await db(paused_backlog(self.console_app.engine))
                 top = await db(insights.top_types(limit=TOP_TYPES))
                 page = await self._fetch(view)
@@ -182,6 +188,7 @@ class MainScreen(EventBrowser, DeadLetterActions, DispatchSwitch, IncidentAction
             self.post_message(
                 PollSucceeded(snapshot, page, generation, pauses=pauses, top_types=top)
             )
+            self.recount_when_due(snapshot.taken_at)
         self._schedule_poll()
 
     async def _fetch(self, view: ViewState) -> ViewPage:
@@ -210,10 +217,8 @@ class MainScreen(EventBrowser, DeadLetterActions, DispatchSwitch, IncidentAction
         self.connection = "connected"
         self.failures = 0
         self._last_good = snap.taken_at
-        published = snap.counts.get(PUBLISHED, 0)
-        if self._last_published is not None:
-            self.throughput.append(max(0, published - self._last_published))
-        self._last_published = published
+        if snap.published_since is not None:
+            self.throughput.append(snap.published_since)
         self.last_snapshot = snap
         self.trends.add(Sample.from_overview(snap))
         whole = {p.pause.event_type for p in message.pauses if p.pause.tenant_id is None}
@@ -234,6 +239,8 @@ class MainScreen(EventBrowser, DeadLetterActions, DispatchSwitch, IncidentAction
         if message.generation == self._generation:
             self._show_page(message.page, snap.taken_at)
         self.refreshes += 1
+        if self.refreshes == 1:
+            self.call_after_refresh(self.console_app.settle_collector)  # once it is drawn
         if self.detail_open:
             self.load_detail()
 
@@ -261,7 +268,19 @@ class MainScreen(EventBrowser, DeadLetterActions, DispatchSwitch, IncidentAction
                 hint = "" if described.startswith("all ") else " Press / to change the filter."
                 empty.update(Content(f"No {what} match {described}.{hint}"))
         self._update_titles(page)
-        self.refresh_bindings()
+        # What the footer shows depends on these alone (check_action); refreshing the
+        # bindings rebuilds the footer, so a refresh that changed none of them keeps it.
+        target = self._target()
+        shown = (
+            self.mode,
+            view.has_more,
+            view.page_number,
+            self.detail_open,
+            None if target is None else (target.status, target.ordering_key),
+        )
+        if shown != self._bindings_shown:
+            self._bindings_shown = shown
+            self.refresh_bindings()
 
     def _update_titles(self, page: ViewPage | None) -> None:
         view = self.view

@@ -169,6 +169,7 @@ class DispatchersPanel(Vertical):
         self.border_title = "Dispatchers"
         self._heartbeats: Sequence[HeartbeatView] = ()
         self._unserved: Sequence[UnservedType] = ()
+        self._note_shown: str | None = None
 
     def compose(self) -> ComposeResult:
         table: DataTable[Text | str] = DataTable(
@@ -193,7 +194,10 @@ class DispatchersPanel(Vertical):
 
     def _update_note(self) -> None:
         note = self.query_one("#no-dispatchers", Static)
-        note.update(Content(empty_note(self.polled, self.local_dispatch)))
+        text = empty_note(self.polled, self.local_dispatch)
+        if text != self._note_shown:  # unchanged: no redraw
+            self._note_shown = text
+            note.update(Content(text))
 
     def show(
         self, heartbeats: Sequence[HeartbeatView], unserved: Sequence[UnservedType] = ()

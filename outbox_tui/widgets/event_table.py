@@ -5,8 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
+from rich.segment import Segment
+from rich.style import Style
 from rich.text import Text
 from textual.binding import Binding
+from textual.cache import LRUCache
 from textual.coordinate import Coordinate
 from textual.widgets import DataTable
 
@@ -58,6 +61,9 @@ class EventTable(DataTable[Text | str]):
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)  # type: ignore[arg-type]
         self.mode = ""
         self._events: dict[str, EventSummary] = {}
+        self._cells_shown: dict[str, list[Text | str]] = {}
+        self._drawn: LRUCache[tuple[object, ...], tuple[object, list[list[Segment]]]]
+        self._drawn = LRUCache(4096)
 
     @property
     def events(self) -> list[EventSummary]:
@@ -95,18 +101,25 @@ class EventTable(DataTable[Text | str]):
             self.mode = mode
             keep, row_before, offset = None, 0, 0
         elif [e.id for e in events] == list(self._events):
-            # The same rows (a refresh of an unchanged page): update cells in place, no jump.
+            # The same rows (a refresh of an unchanged page): update in place, no jump, and
+            # only the cells that changed: each update makes the table draw its rows again.
             self._events = {e.id: e for e in events}
             keys = [c.key for c in self.ordered_columns]
             for event in events:
-                for column, value in zip(keys, self._cells(event, now), strict=True):
-                    self.update_cell(event.id, column, value)
+                cells = self._cells(event, now)
+                shown = self._cells_shown.get(event.id, [])
+                for i, (column, value) in enumerate(zip(keys, cells, strict=True)):
+                    if i >= len(shown) or not _same_cell(shown[i], value):
+                        self.update_cell(event.id, column, value)
+                self._cells_shown[event.id] = cells
             return
         else:
             self.clear()
         self._events = {e.id: e for e in events}
+        self._cells_shown = {}
         for event in events:
-            self.add_row(*self._cells(event, now), key=event.id)
+            cells = self._cells_shown[event.id] = self._cells(event, now)
+            self.add_row(*cells, key=event.id)
         if not events:
             return
         ids = list(self._events)
@@ -115,6 +128,47 @@ class EventTable(DataTable[Text | str]):
         # Keep the highlighted event where it was on screen, as far as the rows allow.
         target = max(0, row - max(0, offset))
         self.call_after_refresh(self.scroll_to, y=target, animate=False, immediate=True)
+
+    def _render_cell(
+        self,
+        row_index: int,
+        column_index: int,
+        base_style: Style,
+        width: int,
+        cursor: bool = False,
+        hover: bool = False,
+    ) -> list[list[Segment]]:
+        """A cell drawn before, with the same value and look, is not drawn again.
+
+        DataTable keys its caches on a counter every ``update_cell`` bumps, so one changed
+        age redraws every visible cell: 40-60 ms of the event loop on a slow machine, each
+        refresh. Values are compared by identity: ``show`` keeps the value of a cell whose
+        text did not change, and gives a changed cell a new one.
+        """
+        if row_index < 0 or column_index < 0:  # the header and row labels: DataTable's own
+            return super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
+        row_key = self._row_locations.get_key(row_index)
+        column_key = self._column_locations.get_key(column_index)
+        value = self._data[row_key][column_key]
+        key = (
+            row_key,
+            column_key,
+            row_index,
+            column_index,
+            base_style,
+            width,
+            cursor,
+            hover,
+            self._show_hover_cursor,
+            self._pseudo_class_state,
+            self.app.theme,
+        )
+        drawn = self._drawn.get(key)
+        if drawn is not None and drawn[0] is value:
+            return drawn[1]
+        lines = super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
+        self._drawn[key] = (value, lines)
+        return lines
 
     def _cells(self, e: EventSummary, now: datetime) -> list[Text | str]:
         kind = f"{e.event_type} v{e.event_version}"
@@ -149,3 +203,10 @@ class EventTable(DataTable[Text | str]):
             # Wide terminals give the error the room the other columns leave.
             Text(one_line(e.last_error, max(40, self.size.width - 100)), style=MUTED_STYLE),
         ]
+
+
+def _same_cell(a: Text | str, b: Text | str) -> bool:
+    """Whether two cells draw the same (rich's ``Text ==`` ignores the base style)."""
+    if isinstance(a, Text) and isinstance(b, Text):
+        return a.plain == b.plain and a.style == b.style and a.spans == b.spans
+    return type(a) is type(b) and a == b

@@ -88,6 +88,8 @@ class CountTile(Static):
 
     def show(self, value: int, extra: str = "", *, note: str = "") -> None:
         """``extra`` follows the count when it fits; ``note`` too, on the bottom border."""
+        if (value, extra, note) == (self.value, self.extra, self.note):
+            return  # the same figure: drawing it again would cost the loop a redraw
         self.value, self.extra, self.note = value, extra, note
         self._relabel()
         self.refresh()
@@ -158,6 +160,7 @@ class OverviewPanel(Vertical):
     def __init__(self, thresholds: AgeThresholds, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.thresholds = thresholds
+        self._throughput_drawn: tuple[tuple[int, ...], int] | None = None
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="overview-top"):
@@ -249,7 +252,11 @@ class OverviewPanel(Vertical):
         )
         self.query_one("#health", HealthLine).show(full, short)
         chart = self.query_one("#sparkline", Static)
-        chart.update(sparkline(throughput, max(8, chart.size.width or 34)))
+        drawn = (tuple(throughput), max(8, chart.size.width or 34))
+        if drawn == self._throughput_drawn:  # the same figures: no redraw
+            return
+        self._throughput_drawn = drawn
+        chart.update(sparkline(throughput, drawn[1]))
         summary = self.query_one("#throughput-summary", Static)
         if not throughput:
             summary.update(Text("from the next refresh on", style=MUTED))

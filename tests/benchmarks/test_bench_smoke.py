@@ -78,7 +78,7 @@ def test_smoke_run_reports_every_comparison(pg_url: str, amqp_url: str, tmp_path
     assert console["status"] == "ok", console
     assert sorted(console["databases"]) == ["postgresql", "sqlite"]
     for side in console["databases"].values():
-        assert side["refresh_ms"] > 0 and side["rss_ratio"] > 0
+        assert side["refresh_ms"] > 0 and side["rss_ratio"] > 0 and side["recount_ms"] > 0
         for size in ("small", "large"):
             run = side[size]["runs"][0]
             assert run["first_screen_ms"] > 0 and run["peak_rss_mb"] > 0

@@ -150,3 +150,61 @@ async def test_top_types_rank_event_types_by_undelivered_events(db, clock):
     assert [t.event_type for t in await insights.top_types(limit=1)] == ["invoices.sent"]
     with pytest.raises(ConfigurationError, match="limit must be at least 1"):
         await insights.top_types(limit=0)
+
+
+def _published(at, count: int) -> list[dict]:
+    rows = []
+    for _ in range(count):
+        row = event_row(status="published", created_at=at - timedelta(seconds=2))
+        rows.append({**row, "published_at": at})
+    return rows
+
+
+async def test_a_live_overview_carries_the_recount_and_adds_what_was_published_since(db, clock):
+    """The console's refresh: exact totals without counting every published row."""
+    insights = OutboxInsights(db, clock=clock, retention_seconds=3600)
+    await insert_events(
+        db,
+        *_published(clock.now - timedelta(hours=2), 3),  # past the retention
+        *_published(clock.now - timedelta(minutes=1), 2),
+    )
+    await insert_events(db, event_row(status="pending", created_at=clock.now))
+    totals = await insights.published_totals()
+    assert (totals.published, totals.awaiting_purge) == (5, 3)
+    clock.advance(1)
+    first = await insights.live_overview(totals)
+    assert first.published_since is None and first.published_counted_at == totals.taken_at
+    assert dict(first.counts) == dict((await insights.overview()).counts)
+    # Published after the recount, and one a little before its clock (a late commit).
+    await insert_events(db, *_published(clock.now, 4), *_published(totals.taken_at, 1))
+    clock.advance(1)
+    second = await insights.live_overview(totals, since=first.mark)
+    assert second.published_since == 5
+    exact = await insights.overview()
+    assert dict(second.counts) == dict(exact.counts) and second.counts["published"] == 10
+    assert second.awaiting_purge == exact.awaiting_purge == 3
+    assert second.published_recent == exact.published_recent == 7
+    clock.advance(1)
+    third = await insights.live_overview(totals, since=second.mark)
+    assert third.published_since == 0 and third.counts["published"] == 10
+    # A new recount: the mark moves, and nothing is counted twice or lost across it.
+    recount = await insights.published_totals()
+    await insert_events(db, *_published(clock.now, 2))
+    clock.advance(1)
+    fourth = await insights.live_overview(recount, since=third.mark)
+    assert fourth.published_since == 2 and fourth.counts["published"] == 12
+    assert fourth.published_counted_at == recount.taken_at
+
+
+async def test_the_recount_takes_back_what_the_purge_deleted(db, clock):
+    insights = OutboxInsights(db, clock=clock, retention_seconds=None)
+    old = await insert_events(db, *_published(clock.now - timedelta(days=9), 3))
+    totals = await insights.published_totals()
+    assert (totals.published, totals.awaiting_purge) == (3, None)
+    async with db.begin() as conn:
+        await conn.execute(outbox_events.delete().where(outbox_events.c.id.in_(old[:2])))
+    clock.advance(1)
+    carried = await insights.live_overview(totals)
+    assert carried.counts["published"] == 3  # carried from the recount until the next one
+    recount = await insights.published_totals()
+    assert (await insights.live_overview(recount)).counts["published"] == 1
