@@ -26,8 +26,9 @@ from .test_relay_prefetch import held, publish
 class Handler:
     """Records each call; while handling, waits (bounded) until rows beyond its batch are held."""
 
-    def __init__(self, db, batch=(), *, fail=frozenset(), wait_for_next=True):
+    def __init__(self, db, batch=(), *, fail=frozenset(), wait_for_next=True, pause=0.0):
         self.db = db
+        self.pause = pause  # every call awaits this long (I/O)
         self.batch = set(batch)  # the rows of the round the first call belongs to
         self.fail = set(fail)
         self.wait_for_next = wait_for_next
@@ -44,6 +45,8 @@ class Handler:
                     break
                 await asyncio.sleep(0.01)
             self.claimed_while_running.append(others)
+        if self.pause:
+            await asyncio.sleep(self.pause)
         if envelope.event_id in self.fail:
             raise EventHandlerPermanentError("refused")
 
@@ -51,7 +54,7 @@ class Handler:
 def dispatcher_for(db, registry, clock, handler, *, prefetch=True, batch_size=2):
     registry.register_handler("orders.placed", handler, key="prefetch-test")
     return OutboxDispatcher(
-        db, registry, clock=clock, batch_size=batch_size, max_concurrency=1, prefetch=prefetch
+        db, registry, clock=clock, batch_size=batch_size, max_concurrency=2, prefetch=prefetch
     )
 
 
@@ -168,10 +171,22 @@ async def test_the_run_loop_hands_back_what_it_claimed_ahead_when_it_ends(pg_db,
     assert held(await rows(db)) == []
 
 
+async def test_handlers_that_never_wait_claim_nothing_ahead(pg_db, registry, clock):
+    db = pg_db
+    ids = await publish(db, registry, 6)
+    handler = Handler(db, wait_for_next=False)  # quick: the round is CPU, nothing to hide
+    dispatcher = dispatcher_for(db, registry, clock, handler)
+    assert (await dispatcher.dispatch_once()).published == 2
+    assert held(await rows(db)) == []
+    handler.pause = 0.02  # the same handlers, now waiting on I/O: claimed beside them
+    assert (await dispatcher.dispatch_once()).published == 2
+    assert held(await rows(db)) == ids[4:]
+
+
 async def test_sqlite_claims_nothing_ahead(sqlite_db, registry, clock):
     db = sqlite_db
     await publish(db, registry, 4)
-    handler = Handler(db, wait_for_next=False)
+    handler = Handler(db, wait_for_next=False, pause=0.02)  # waiting handlers, one writer
     dispatcher = dispatcher_for(db, registry, clock, handler)
     assert (await dispatcher.dispatch_once()).published == 2
     assert held(await rows(db)) == []
@@ -230,7 +245,7 @@ async def test_one_event_per_key_in_flight_and_each_key_in_order(db, registry, c
 async def test_a_batch_of_key_heads_only_claims_nothing_ahead(pg_db, registry, clock):
     db = pg_db
     ids = await publish(db, registry, 8, key=lambda i: f"k{i % 4}")
-    handler = Handler(db, wait_for_next=False)
+    handler = Handler(db, wait_for_next=False, pause=0.02)  # handlers that wait
     dispatcher = dispatcher_for(db, registry, clock, handler, batch_size=3)
     assert (await dispatcher.dispatch_once()).published == 3  # heads of k0, k1, k2
     # k3's head was due, but a claim beside three key heads is not worth its key walk
