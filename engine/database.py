@@ -20,7 +20,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from sqlalchemy import event, text
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy.engine import URL, Dialect, make_url
 from sqlalchemy.exc import (
     ArgumentError,
     DBAPIError,
@@ -328,3 +328,21 @@ async def check_schema(engine: AsyncEngine) -> None:
             f"the outbox tables are from an earlier version (missing {', '.join(missing)}); "
             f"upgrade them in place with `{INIT_DB}`"
         )
+
+
+def as_dbapi_error(dialect: Dialect, sql: str, exc: Exception) -> Exception:
+    """``exc`` from asyncpg, called directly, as SQLAlchemy would raise it.
+
+    For the statements the hot paths send straight to the driver (the outbox INSERT,
+    the claim): IntegrityError, ProgrammingError, OperationalError ... as from
+    ``execute``, so callers (and the run loop's storage-error handling) see one kind.
+    Anything the driver's error map does not know (an OSError) is returned as is.
+    """
+    dbapi = dialect.loaded_dbapi
+    translate = getattr(dbapi, "_asyncpg_error_translate", {})
+    for kind in type(exc).__mro__:
+        if kind in translate:
+            orig = translate[kind](exc.args[0] if exc.args else str(exc), exc)
+            error: Exception = DBAPIError.instance(sql, None, orig, dbapi.Error, dialect=dialect)
+            return error
+    return exc

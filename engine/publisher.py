@@ -19,13 +19,14 @@ from typing import Any
 
 from sqlalchemy import insert
 from sqlalchemy.engine import Dialect
-from sqlalchemy.exc import DBAPIError, StatementError
+from sqlalchemy.exc import StatementError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from engine.clock import Clock, as_utc, uuid7
 from engine.clock import utc_now as _utc_now
 from engine.context import TaskContext, current_task_context
+from engine.database import as_dbapi_error
 from engine.errors import EventValidationError, OutboxTransactionError
 from engine.registry import EventRegistry, check_ordering_key
 from engine.schema import outbox_events
@@ -255,17 +256,5 @@ async def _insert_on_driver(
             else:
                 await driver.executemany(sql, values)
         except Exception as exc:
-            raise _as_dbapi_error(dialect, sql, exc) from exc
+            raise as_dbapi_error(dialect, sql, exc) from exc
     return True
-
-
-def _as_dbapi_error(dialect: Dialect, sql: str, exc: Exception) -> Exception:
-    """``exc`` from asyncpg as SQLAlchemy would raise it (IntegrityError, ProgrammingError ...)."""
-    dbapi = dialect.loaded_dbapi
-    translate = getattr(dbapi, "_asyncpg_error_translate", {})
-    for kind in type(exc).__mro__:
-        if kind in translate:
-            orig = translate[kind](exc.args[0] if exc.args else str(exc), exc)
-            error: Exception = DBAPIError.instance(sql, None, orig, dbapi.Error, dialect=dialect)
-            return error
-    return exc

@@ -42,10 +42,12 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import BindParameter
 from sqlalchemy.sql.selectable import TextualSelect
 
+from engine.database import as_dbapi_error
 from engine.schema import (
     ACTIVE_PREDICATE,
     DEAD_LETTER,
@@ -450,6 +452,43 @@ async def _per_type_plan(conn: AsyncConnection, scope: ClaimScope | None) -> lis
 SEQ_FLOOR_RESET = timedelta(seconds=1)
 
 
+_DRIVER_SQL: dict[TextualSelect, tuple[str, tuple[str, ...]]] = {}
+
+
+def _driver_sql(stmt: TextualSelect, dialect: Dialect) -> tuple[str, tuple[str, ...]]:
+    """``stmt`` as asyncpg runs it: its SQL with ``$n`` parameters, and their names in order.
+
+    Compiled once per statement (the claim statements are cached themselves).
+    """
+    found = _DRIVER_SQL.get(stmt)
+    if found is None:
+        compiled = stmt.compile(dialect=dialect)
+        found = _DRIVER_SQL[stmt] = (compiled.string, tuple(compiled.positiontup or ()))
+    return found
+
+
+async def _fetch_on_driver(
+    conn: AsyncConnection, stmt: TextualSelect, values: Mapping[str, Any]
+) -> list[Any]:
+    """Run the claim on the connection's asyncpg connection, in its transaction.
+
+    asyncpg's records are the rows (mapping access by column name, timestamps already
+    aware): SQLAlchemy's per-row result processing was a fifth of a no-op delivery's
+    CPU (3 µs a row). The transaction is SQLAlchemy's (begun by the claim's first
+    statement, ``SET LOCAL jit``), errors are translated as ``execute`` would raise them
+    (engine.database.as_dbapi_error), and the claim's parameters need no bind
+    processing (aware UTC datetimes, text, integers and text arrays).
+    """
+    sql, names = _driver_sql(stmt, conn.dialect)
+    raw = await conn.get_raw_connection()
+    driver = raw.driver_connection
+    assert driver is not None and driver.is_in_transaction(), "the claim runs in a transaction"
+    try:
+        return list(await driver.fetch(sql, *(values[name] for name in names)))
+    except Exception as exc:
+        raise as_dbapi_error(conn.dialect, sql, exc) from exc
+
+
 @dataclass(frozen=True, slots=True)
 class ClaimedBatch:
     """The rows one claim took, and where this dispatcher's walk over keys got to."""
@@ -522,12 +561,14 @@ async def claim_batch(
     }
 
     async def claim_from(cursor: str, floor: int) -> list[ClaimedRow]:
-        result = await conn.execute(stmt, {**params, "key_cursor": cursor, "seq_floor": floor})
-        return [
-            # The row's own mapping (no copy per row): read-only, as ClaimedRow needs.
-            ClaimedRow(values=row, raw_payload=row["payload"])
-            for row in result.mappings()
-        ]
+        values = {**params, "key_cursor": cursor, "seq_floor": floor}
+        records: Iterable[Any]
+        if dialect == "postgresql":
+            records = await _fetch_on_driver(conn, stmt, values)
+        else:
+            records = (await conn.execute(stmt, values)).mappings()
+        # The row's own mapping (no copy per row): read-only, as ClaimedRow needs.
+        return [ClaimedRow(values=row, raw_payload=row["payload"]) for row in records]
 
     rows = await claim_from(key_cursor, seq_floor)
     if not rows and (key_cursor or seq_floor):
