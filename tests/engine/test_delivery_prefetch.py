@@ -17,10 +17,14 @@ import pytest
 from engine import DispatchResult, OutboxDispatcher, create_engine, create_schema
 from engine.errors import EventHandlerPermanentError
 from engine.pauses import pause
-from engine.runner import run_dispatcher
 
 from .conftest import rows
-from .test_relay_prefetch import held, publish
+from .test_relay_prefetch import (
+    assert_a_stop_hands_back_what_was_claimed_ahead,
+    assert_the_run_loop_hands_back_what_it_claimed_ahead,
+    held,
+    publish,
+)
 
 
 class Handler:
@@ -151,24 +155,14 @@ async def test_a_stop_hands_the_batch_claimed_ahead_back(pg_db, registry, clock)
     db = pg_db
     ids = await publish(db, registry, 4)
     dispatcher = dispatcher_for(db, registry, clock, Handler(db, ids[:2]))
-    assert (await dispatcher.dispatch_once()).published == 2
-    stop = asyncio.Event()
-    stop.set()
-    assert (await dispatcher.dispatch_once(stop)).published == 0
-    by_id = {r["id"]: r for r in await rows(db)}
-    assert [by_id[i]["status"] for i in ids[2:]] == ["pending", "pending"]
-    assert [by_id[i]["attempt_count"] for i in ids[2:]] == [0, 0]
+    await assert_a_stop_hands_back_what_was_claimed_ahead(db, dispatcher, ids)
 
 
 async def test_the_run_loop_hands_back_what_it_claimed_ahead_when_it_ends(pg_db, registry, clock):
     db = pg_db
     ids = await publish(db, registry, 4)
     dispatcher = dispatcher_for(db, registry, clock, Handler(db, ids[:2]))
-    summary = await run_dispatcher(dispatcher, max_iterations=1)
-    assert summary.published == 2
-    by_id = {r["id"]: r for r in await rows(db)}
-    assert [by_id[i]["status"] for i in ids[2:]] == ["pending", "pending"]
-    assert held(await rows(db)) == []
+    await assert_the_run_loop_hands_back_what_it_claimed_ahead(db, dispatcher, ids)
 
 
 async def test_handlers_that_never_wait_claim_nothing_ahead(pg_db, registry, clock):

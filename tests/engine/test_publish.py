@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import pytest
-from sqlalchemy import Column, Integer, MetaData, String, Table, func, insert, select
+from sqlalchemy import Column, Integer, MetaData, String, Table, event, func, insert, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from engine import (
@@ -16,6 +19,21 @@ from engine.errors import TenantMismatchError, UnknownEventTypeError
 from engine.schema import outbox_events
 
 from .conftest import CTX, order_payload, rows
+
+
+@contextlib.contextmanager
+def statements_run(db) -> Iterator[list[str]]:
+    """The statements SQLAlchemy sends while the block runs (what engine listeners see)."""
+    statements: list[str] = []
+
+    def record(_conn, _cursor, statement, *_args):
+        statements.append(statement.split("(")[0].strip())
+
+    event.listen(db.sync_engine, "before_cursor_execute", record)
+    try:
+        yield statements
+    finally:
+        event.remove(db.sync_engine, "before_cursor_execute", record)
 
 business = MetaData()
 orders = Table(
@@ -376,26 +394,18 @@ async def test_publish_flushes_pending_objects_before_its_insert(db, registry, l
     business write bypasses SQLAlchemy's execution, so listeners do not see it; there the
     rows' command ids within their transaction (``cmin``) give the order instead.
     """
-    from sqlalchemy import event, text
+    from sqlalchemy import text
 
     await _create_orders(db)
     async with db.begin() as conn:
         await conn.run_sync(_FlushedBase.metadata.create_all)
-    statements: list[str] = []
-
-    def record(_conn, _cursor, statement, *_args):
-        statements.append(statement.split("(")[0].strip())
-
-    event.listen(db.sync_engine, "before_cursor_execute", record)
-    try:
+    with statements_run(db) as statements:
         async with unit_of_work(db, registry=registry, context=CTX) as session:
             await _lead(session, lead)
             session.add(_FlushedOrder(id="o-1"))
             await OutboxEventPublisher(session).publish(
                 "orders.placed", order_payload(), aggregate_type="order", aggregate_id="o-1"
             )
-    finally:
-        event.remove(db.sync_engine, "before_cursor_execute", record)
     assert len(await rows(db)) == 1
     inserts = [s for s in statements if s.startswith("INSERT") and "test_orders" not in s]
     if db.dialect.name == "sqlite":
@@ -411,24 +421,14 @@ async def test_publish_flushes_pending_objects_before_its_insert(db, registry, l
 async def test_a_schema_translate_map_keeps_the_insert_in_sqlalchemy(db, registry):
     """Only SQLAlchemy's compiler applies schema_translate_map: with one set, the INSERT
     goes through session.execute on PostgreSQL too (engine listeners see it)."""
-    from sqlalchemy import event
-
     await _create_orders(db)
     translated = db.execution_options(schema_translate_map={None: None})
-    statements: list[str] = []
-
-    def record(_conn, _cursor, statement, *_args):
-        statements.append(statement.split("(")[0].strip())
-
-    event.listen(db.sync_engine, "before_cursor_execute", record)
-    try:
+    with statements_run(db) as statements:
         async with unit_of_work(translated, registry=registry, context=CTX) as session:
             await _lead(session, "after a business write")
             await OutboxEventPublisher(session).publish(
                 "orders.placed", order_payload(), aggregate_type="order", aggregate_id="o-1"
             )
-    finally:
-        event.remove(db.sync_engine, "before_cursor_execute", record)
     tables = [s.split()[-1].split(".")[-1] for s in statements if s.startswith("INSERT")]
     assert tables == ["test_orders", "outbox_events"]  # the translated name may carry a schema
     assert [r["aggregate_id"] for r in await rows(db)] == ["o-1"]

@@ -99,11 +99,8 @@ async def test_after_a_failure_the_batch_claimed_ahead_goes_back_without_spendin
         assert by_id[event_id]["locked_by"] is None
 
 
-async def test_a_stop_hands_the_batch_claimed_ahead_back(db, registry, clock):
-    ids = await publish(db, registry, 4)
-    dispatcher = OutboxDispatcher(
-        db, registry, clock=clock, batch_size=2, external_publisher=Relay(db), prefetch=True
-    )
+async def assert_a_stop_hands_back_what_was_claimed_ahead(db, dispatcher, ids) -> None:
+    """Batch size 2, ``ids`` four events: the second pair, claimed ahead, goes back as new."""
     assert (await dispatcher.dispatch_once()).published == 2
     stop = asyncio.Event()
     stop.set()
@@ -113,16 +110,31 @@ async def test_a_stop_hands_the_batch_claimed_ahead_back(db, registry, clock):
     assert [by_id[i]["attempt_count"] for i in ids[2:]] == [0, 0]
 
 
-async def test_the_run_loop_hands_back_what_it_claimed_ahead_when_it_ends(db, registry, clock):
-    ids = await publish(db, registry, 4)
-    dispatcher = OutboxDispatcher(
-        db, registry, clock=clock, batch_size=2, external_publisher=Relay(db), prefetch=True
-    )
+async def assert_the_run_loop_hands_back_what_it_claimed_ahead(db, dispatcher, ids) -> None:
+    """Batch size 2, ``ids`` four events: one iteration, then nothing is left held."""
     summary = await run_dispatcher(dispatcher, max_iterations=1)
     assert summary.published == 2
     by_id = {r["id"]: r for r in await rows(db)}
     assert [by_id[i]["status"] for i in ids[2:]] == ["pending", "pending"]
     assert held(await rows(db)) == []
+
+
+def relay_dispatcher(db, registry, clock):
+    return OutboxDispatcher(
+        db, registry, clock=clock, batch_size=2, external_publisher=Relay(db), prefetch=True
+    )
+
+
+async def test_a_stop_hands_the_batch_claimed_ahead_back(db, registry, clock):
+    ids = await publish(db, registry, 4)
+    dispatcher = relay_dispatcher(db, registry, clock)
+    await assert_a_stop_hands_back_what_was_claimed_ahead(db, dispatcher, ids)
+
+
+async def test_the_run_loop_hands_back_what_it_claimed_ahead_when_it_ends(db, registry, clock):
+    ids = await publish(db, registry, 4)
+    dispatcher = relay_dispatcher(db, registry, clock)
+    await assert_the_run_loop_hands_back_what_it_claimed_ahead(db, dispatcher, ids)
 
 
 async def test_without_prefetch_nothing_is_claimed_ahead(db, registry, clock):
