@@ -99,6 +99,24 @@ def _rows(count: int, now: datetime, rng: random.Random) -> list[dict[str, Any]]
     return rows
 
 
+async def _settle(engine: Any) -> None:
+    """Vacuum and analyze the grown table, as autovacuum would before long.
+
+    Measured right after a bulk load, PostgreSQL's index-only counts visit the heap for
+    every entry (no page is all-visible yet) while autovacuum works beside them: a
+    refresh at 1,000,000 rows took 478 ms there and 51 ms once vacuumed. A table that
+    has been in service for a while is the one operators look at. SQLite needs only the
+    statistics.
+    """
+    if engine.dialect.name == "postgresql":
+        async with engine.connect() as conn:
+            autocommit = await conn.execution_options(isolation_level="AUTOCOMMIT")
+            await autocommit.exec_driver_sql("VACUUM (ANALYZE) outbox_events")
+        return
+    async with engine.begin() as conn:
+        await conn.exec_driver_sql("ANALYZE outbox_events")
+
+
 async def grow(
     url: str,
     rows: int,
@@ -127,8 +145,7 @@ async def grow(
             if progress is not None:
                 progress(done)
         if done > (present or 0):
-            async with engine.begin() as conn:  # planner statistics, as autovacuum would
-                await conn.exec_driver_sql("ANALYZE outbox_events")
+            await _settle(engine)
         return {
             "rows": done,
             "added": done - (present or 0),
