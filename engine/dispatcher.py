@@ -305,11 +305,11 @@ class OutboxDispatcher:
         deliverable = batch.deliverable()
         upcoming: asyncio.Task[_Batch] | None = None
         stopping = stop is not None and stop.is_set()
-        worth_it = self.prefetch and not stopping and self._worth_claiming_ahead(batch)
+        worth_it = self.prefetch and self._worth_claiming_ahead(batch)
 
         def claim_ahead() -> None:
             nonlocal upcoming, worth_it
-            if worth_it and not (stop is not None and stop.is_set()):
+            if worth_it and not (stop is not None and stop.is_set()):  # not once stopping
                 upcoming = asyncio.create_task(self._claim())
             worth_it = False  # once a round
 
@@ -388,10 +388,10 @@ class OutboxDispatcher:
 
         A full batch says more rows are waiting: claimed beside this one's handlers (or
         confirms), the next round need not start by waiting for its claim. Local
-        delivery claims ahead only once its handlers wait (``_deliver`` says when: the
-        worker pool grows): quick handlers keep the CPU busy anyway, and there a claim
-        ahead only added work (an A/B drain of no-op handlers ran 10 % slower with
-        it). Not when every row is the head of an ordering key: those keys are in
+        delivery claims ahead only once its handlers wait (``_deliver`` says when: two
+        handlers are mid-call at once): quick handlers keep the CPU busy anyway, and
+        there a claim ahead only added work (an A/B drain of no-op handlers ran 10 %
+        slower with it). Not when every row is the head of an ordering key: those keys are in
         flight until this round ends, so a claim now would walk keys it cannot take.
         """
         if len(batch.rows) < self.batch_size:

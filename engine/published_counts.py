@@ -13,6 +13,7 @@ The purge backlog is counted live while it is small (``AWAITING_PURGE_CAP``).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -89,6 +90,7 @@ class PublishedWindow:
     totals: TextClause
 
 
+@functools.cache  # built once per dialect: every console refresh runs two or three of them
 def published_window_statements(dialect: str) -> PublishedWindow:
     table = "outbox_events"
     if dialect == "sqlite":
