@@ -21,6 +21,7 @@ from engine.pauses import pause
 from .conftest import rows
 from .test_relay_prefetch import (
     assert_a_stop_hands_back_what_was_claimed_ahead,
+    assert_handed_back_unattempted,
     assert_the_run_loop_hands_back_what_it_claimed_ahead,
     held,
     publish,
@@ -113,11 +114,7 @@ async def test_after_a_failure_the_batch_claimed_ahead_goes_back_without_spendin
         claimed=2, published=1, dead_lettered=1
     )
     assert handler.claimed_while_running == [ids[2:4]]
-    by_id = {r["id"]: r for r in await rows(db)}
-    for event_id in ids[2:4]:  # the round may be followed by a wait: nothing stays held
-        assert by_id[event_id]["status"] == "pending"
-        assert by_id[event_id]["attempt_count"] == 0
-        assert by_id[event_id]["locked_by"] is None
+    await assert_handed_back_unattempted(db, ids[2:4])  # a wait may follow: none stays held
 
 
 async def test_a_pause_made_after_the_claim_ahead_holds_its_rows_back(pg_db, registry, clock):
@@ -128,9 +125,7 @@ async def test_a_pause_made_after_the_claim_ahead_holds_its_rows_back(pg_db, reg
     assert held(await rows(db)) == ids[2:4]  # claimed ahead, before the pause
     await pause(db, "orders.placed", reason="vendor down", now=clock.now)
     assert await dispatcher.dispatch_once() == DispatchResult()  # its next round obeys it
-    by_id = {r["id"]: r for r in await rows(db)}
-    assert [by_id[i]["status"] for i in ids[2:]] == ["pending", "pending"]
-    assert [by_id[i]["attempt_count"] for i in ids[2:]] == [0, 0]
+    await assert_handed_back_unattempted(db, ids[2:])
 
 
 async def test_rows_claimed_ahead_whose_lease_ran_out_count_as_lost_leases(
