@@ -505,55 +505,23 @@ class OutboxDispatcher:
     ) -> None:
         """Run the handlers of ``rows`` concurrently, at most ``max_concurrency`` at once.
 
-        Workers take rows in claim order from one queue (a task per row behind a
-        semaphore cost twice as much per event). The pool grows only while every
-        worker is inside a handler that is waiting: a worker about to call a handler
-        when all the others are mid-call starts one more. Quick handlers that never
-        wait are run by one worker, so a no-op batch creates no tasks; handlers that
-        await I/O reach ``max_concurrency`` workers within the batch's first calls.
-        Each row's task context is set and reset around its handlers (``_run_handlers``).
         ``on_waiting`` is called once two handlers are mid-call at once: they wait.
         """
         done = await self._succeeded_handlers(rows)
+        timeouts = HandlerTimeouts(self.handler_timeout)
         # A row handled after its lease expired may be handled again by another
         # dispatcher meanwhile: stop starting handlers well before that.
         deadline = claimed_at + self.start_budget
-        queue = collections.deque(rows)
-        timeouts = HandlerTimeouts(self.handler_timeout)
-        limit = min(self.max_concurrency, len(rows))
-        workers: list[asyncio.Task[None]] = []
-        in_calls = 0  # workers inside a handler call right now
 
-        async def worker() -> None:
-            nonlocal in_calls
-            me = asyncio.current_task()
-            while queue:
-                row = queue.popleft()
-                if (stop is not None and stop.is_set()) or self.clock() >= deadline:
-                    completions.add(_Outcome(row, "unattempted"))
-                    continue
-                in_calls += 1
-                if in_calls == 2:  # another handler is mid-call: it waits (on I/O)
-                    on_waiting()
-                if in_calls == len(workers) < limit and queue:
-                    workers.append(asyncio.create_task(worker()))
-                try:
-                    outcome, records = await self._run_handlers(
-                        row, envelopes[row.event_id], done, timeouts, me
-                    )
-                finally:
-                    in_calls -= 1
-                completions.add(outcome, records)
+        def must_not_start() -> bool:
+            return (stop is not None and stop.is_set()) or self.clock() >= deadline
 
-        workers.append(asyncio.create_task(worker()))
+        workers = _Workers(
+            self, rows, envelopes, done, timeouts, completions, must_not_start, on_waiting
+        )
         try:
-            awaited = 0
-            while awaited < len(workers):  # the list grows while its first ones run
-                await workers[awaited]
-                awaited += 1
+            await workers.run()
         finally:
-            for task in workers:
-                task.cancel()  # a no-op for finished ones; none outlives an aborted round
             timeouts.close()
 
     async def _succeeded_handlers(self, rows: list[ClaimedRow]) -> set[tuple[str, str]]:
@@ -734,6 +702,83 @@ class OutboxDispatcher:
                 first_problem.row.event_id,
                 first_problem.error,
             )
+
+
+class _Workers:
+    """The worker tasks of one round: they take its rows in claim order from one queue.
+
+    A task per row behind a semaphore cost twice as much per event. The pool grows only
+    while every worker is inside a handler that is waiting: a worker about to call a
+    handler when all the others are mid-call starts one more. Quick handlers that never
+    wait are run by one worker, so a no-op batch creates no tasks; handlers that await
+    I/O reach ``max_concurrency`` workers within the batch's first calls.
+
+    A class, not a closure that starts copies of itself: such a closure names itself,
+    a reference cycle that kept every round (rows, envelopes, tasks) alive until the
+    cyclic garbage collector ran, a large share of the CPU per event with hundreds of
+    handlers in flight. A finished round is freed by reference counting.
+    """
+
+    def __init__(
+        self,
+        dispatcher: OutboxDispatcher,
+        rows: list[ClaimedRow],
+        envelopes: Mapping[str, EventEnvelope],
+        done: set[tuple[str, str]],
+        timeouts: HandlerTimeouts,
+        completions: _Completions,
+        must_not_start: Callable[[], bool],
+        on_waiting: Callable[[], None],
+    ) -> None:
+        """Once ``must_not_start()``, rows left are handed back unattempted; ``on_waiting``
+        is called when a second handler call starts while another is mid-call."""
+        self._dispatcher = dispatcher
+        self._queue = collections.deque(rows)
+        self._envelopes = envelopes
+        self._done = done
+        self._timeouts = timeouts
+        self._completions = completions
+        self._limit = min(dispatcher.max_concurrency, len(rows))
+        self._tasks: list[asyncio.Task[None]] = []
+        self._in_calls = 0  # workers inside a handler call right now
+        self._must_not_start = must_not_start
+        self._on_waiting = on_waiting
+
+    async def run(self) -> None:
+        """Deliver every row (or hand it back); returns once every worker has finished."""
+        self._spawn()
+        try:
+            awaited = 0
+            while awaited < len(self._tasks):  # the list grows while its first ones run
+                await self._tasks[awaited]
+                awaited += 1
+        finally:
+            for task in self._tasks:
+                task.cancel()  # a no-op for finished ones; none outlives an aborted round
+
+    def _spawn(self) -> None:
+        self._tasks.append(asyncio.create_task(self._work()))
+
+    async def _work(self) -> None:
+        me = asyncio.current_task()
+        queue, completions = self._queue, self._completions
+        while queue:
+            row = queue.popleft()
+            if self._must_not_start():
+                completions.add(_Outcome(row, "unattempted"))
+                continue
+            self._in_calls += 1
+            if self._in_calls == 2:  # another handler is mid-call: it waits (on I/O)
+                self._on_waiting()
+            if self._in_calls == len(self._tasks) < self._limit and queue:
+                self._spawn()
+            try:
+                outcome, records = await self._dispatcher._run_handlers(
+                    row, self._envelopes[row.event_id], self._done, self._timeouts, me
+                )
+            finally:
+                self._in_calls -= 1
+            completions.add(outcome, records)
 
 
 class _Completions:

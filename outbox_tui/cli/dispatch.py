@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 from collections.abc import Iterator
@@ -240,6 +241,12 @@ async def _dispatch(
         async with open_dispatcher(spec, metrics=metrics, prefetch=True) as dispatcher:
             reporter.started(_run_details(inv, spec, port))
             starting[0] = False  # from here on a signal lets the loop finish its round
+            # What start-up made (modules, the apps, SQLAlchemy's tables and caches: about
+            # 90,000 objects) lives as long as the process, yet every full collection walked
+            # it, 50-100 ms each, a few times a second with 500 handlers in flight (their
+            # rows and tasks outlive the young generations). Frozen, it is left out: about
+            # a fifth off the CPU per event with I/O-bound handlers.
+            gc.freeze()
             try:
                 return await run(
                     spec,
