@@ -274,7 +274,7 @@ class MainScreen(
         shown = (
             self.mode,
             view.has_more,
-            view.page_number,
+            view.page_number > 1,  # (newer_page); a page number is not in the footer
             self.detail_open,
             None if target is None else (target.status, target.ordering_key),
         )

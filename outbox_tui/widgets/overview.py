@@ -256,10 +256,12 @@ class OverviewPanel(Vertical):
         if drawn == self._throughput_drawn:  # the same figures: no redraw
             return
         self._throughput_drawn = drawn
-        chart.update(sparkline(throughput, drawn[1]))
+        # The stylesheet fixes both boxes' sizes: new figures need no layout, which would
+        # redraw the whole screen (the event table's rows included) on every refresh.
+        chart.update(sparkline(throughput, drawn[1]), layout=False)
         summary = self.query_one("#throughput-summary", Static)
         if not throughput:
-            summary.update(Text("from the next refresh on", style=MUTED))
+            summary.update(Text("from the next refresh on", style=MUTED), layout=False)
             return
         summary.update(
             Text.assemble(
@@ -270,5 +272,6 @@ class OverviewPanel(Vertical):
                 (f"  over {len(throughput)} refreshes", MUTED),
                 no_wrap=True,
                 overflow="ellipsis",
-            )
+            ),
+            layout=False,
         )

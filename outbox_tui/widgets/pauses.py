@@ -100,9 +100,15 @@ class PausesLine(Static):
         self.now: datetime | None = None
 
     def show(self, pauses: Sequence[PausedBacklog], now: datetime) -> None:
+        lines_before = self._line_count()
         self.pauses, self.now = tuple(pauses), now
         self.set_class(bool(self.pauses), "-paused")
-        self.refresh(layout=True)
+        # The height follows the line count, and only a new height needs a layout: a
+        # layout redraws the whole screen, the event table's rows included, each refresh.
+        self.refresh(layout=self._line_count() != lines_before)
+
+    def _line_count(self) -> int:
+        return min(len(self.pauses), self.rows)
 
     @property
     def rows(self) -> int:
