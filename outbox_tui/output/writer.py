@@ -58,9 +58,13 @@ class Output:
         self._stdout = stdout or sys.stdout
         self._stderr = stderr or sys.stderr
         # Piped or redirected output keeps one row per line instead of rich's 80 columns.
-        self.console = PipeConsole(file=self._stdout, highlight=False, width=_width(self._stdout))
+        # markup=False: what is printed is data (ids, types, error messages chosen by
+        # producers); read as markup, ``[/x]`` in one of them raised MarkupError.
+        self.console = PipeConsole(
+            file=self._stdout, highlight=False, markup=False, width=_width(self._stdout)
+        )
         self.err_console = PipeConsole(
-            file=self._stderr, highlight=False, width=_width(self._stderr)
+            file=self._stderr, highlight=False, markup=False, width=_width(self._stderr)
         )
 
     @property

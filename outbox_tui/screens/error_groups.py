@@ -34,6 +34,7 @@ from outbox_tui.screens.dead_letter_actions import replay_body
 from outbox_tui.screens.incident_actions import dedup_line, with_warning
 from outbox_tui.widgets.footer import ConsoleFooter
 from outbox_tui.widgets.format import MUTED_STYLE, age, one_line, timestamp
+from outbox_tui.widgets.literal_table import LiteralTable
 
 
 @dataclass
@@ -73,7 +74,7 @@ class ErrorGroupsScreen(ConsoleScreen):
 
     def compose(self) -> ComposeResult:
         yield Static("Error groups: loading…", id="groups-title")
-        yield DataTable(id="groups", cursor_type="row", zebra_stripes=True)
+        yield LiteralTable(id="groups", cursor_type="row", zebra_stripes=True)
         yield Static("", id="group-summary")
         yield ConsoleFooter()
 

@@ -27,6 +27,7 @@ from outbox_tui.screens.detail_host import DetailHost
 from outbox_tui.widgets.event_detail import EventDetailPane
 from outbox_tui.widgets.footer import ConsoleFooter
 from outbox_tui.widgets.format import age, one_line, short_id, status_text
+from outbox_tui.widgets.literal_table import LiteralTable
 
 #: Rows listed at most (newest first); the title says when there are more.
 SHOWN = 1_000
@@ -58,7 +59,7 @@ class GroupEventsScreen(DetailHost):
         yield Static(f"Error group {self.group.fingerprint}: loading…", id="group-events-title")
         with Horizontal(id="body"):
             with Vertical(id="list"):
-                yield DataTable(id="group-events", cursor_type="row", zebra_stripes=True)
+                yield LiteralTable(id="group-events", cursor_type="row", zebra_stripes=True)
             yield EventDetailPane(id="detail")
         yield ConsoleFooter()
 

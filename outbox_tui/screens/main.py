@@ -33,7 +33,7 @@ from textual.widgets import Static
 from textual.worker import Worker, WorkerState
 
 from engine.errors import OutboxError
-from engine.insights import EventPage, OverviewSnapshot
+from engine.insights import OverviewSnapshot
 from engine.operations import paused_backlog
 from engine.schema import DEAD_LETTER
 from engine.trends import Sample, Trends
@@ -65,6 +65,7 @@ from outbox_tui.screens.browser import (
     EventBrowser,
     Target,
     ViewState,
+    list_titles,
 )
 from outbox_tui.screens.dead_letter_actions import DeadLetterActions
 from outbox_tui.screens.dispatch_switch import DispatchSwitch
@@ -103,7 +104,8 @@ class MainScreen(
         self.throughput: deque[int] = deque(maxlen=THROUGHPUT_POINTS)
         self.trends = Trends(TREND_SAMPLES)
         self.trend: TrendView | None = None  # the last one drawn (tests read its verdict)
-        self._bindings_shown: tuple[object, ...] | None = None
+        self._footer_shown: tuple[object, ...] | None = None
+        self._titles_shown: tuple[str, str] | None = None
         self._generation = 0
         self._poll_timer: Timer | None = None
         self._poll_waiting = False
@@ -268,46 +270,17 @@ class MainScreen(
                 hint = "" if described.startswith("all ") else " Press / to change the filter."
                 empty.update(Content(f"No {what} match {described}.{hint}"))
         self._update_titles(page)
-        # What the footer shows depends on these alone (check_action); refreshing the
-        # bindings rebuilds the footer, so a refresh that changed none of them keeps it.
-        target = self._target()
-        shown = (
-            self.mode,
-            view.has_more,
-            view.page_number > 1,  # (newer_page); a page number is not in the footer
-            self.detail_open,
-            None if target is None else (target.status, target.ordering_key),
-        )
-        if shown != self._bindings_shown:
-            self._bindings_shown = shown
-            self.refresh_bindings()
+        self.sync_footer()
 
     def _update_titles(self, page: ViewPage | None) -> None:
-        view = self.view
-        box = self.query_one("#list", Vertical)
-        if self.mode == BLOCKED:
-            box.border_title = Content(f"Blocked keys · {view.describe()} · oldest head first")
-            if not isinstance(page, BlockedPage):
-                box.border_subtitle = ""
-                return
-            total = self.last_snapshot.blocked_keys if self.last_snapshot else len(page.keys)
-            shown = f"{len(page.keys)} shown" + (f" of {total:,}" if total > len(page.keys) else "")
-            hints = ["enter head detail", "w its events", "k skip", "r replay"]
-            box.border_subtitle = Content(" · ".join([shown, *hints]))
-            return
-        name = "Dead letters" if self.mode == DEAD_LETTERS else "Events"
-        box.border_title = Content(
-            f"{name} · {view.describe()} · page {view.page_number}, newest first"
-        )
-        if not isinstance(page, EventPage):
-            box.border_subtitle = ""
-            return
-        hints = []
-        if view.page_number > 1:
-            hints.append("[ newer")
-        if page.has_more:
-            hints.append("] older")
-        box.border_subtitle = Content(" · ".join([f"{len(page.events)} shown", *hints]))
+        blocked = self.last_snapshot.blocked_keys if self.last_snapshot else None
+        titles = list_titles(self.mode, self.view, page, blocked)
+        # Setting a border title repaints the whole box, the event table's rows included:
+        # a refresh that changes neither title leaves them as they are.
+        if titles != self._titles_shown:
+            self._titles_shown = titles
+            box = self.query_one("#list", Vertical)
+            box.border_title, box.border_subtitle = (Content(t) for t in titles)
 
     @on(PollFailed)
     def _poll_failed(self, message: PollFailed) -> None:

@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from rich.text import Text
 from textual.binding import Binding
 from textual.coordinate import Coordinate
-from textual.widgets import DataTable
 
 from engine.insights import BlockedKey
 from outbox_tui.widgets.format import MUTED_STYLE, duration, one_line, short_id, status_text
+from outbox_tui.widgets.literal_table import LiteralTable
 
 BLOCKED_COLUMNS = (
     ("key", "ordering key"),
@@ -30,7 +30,7 @@ BLOCKED_COLUMNS = (
 WAITING_STYLE = "bold #ffaf5f"
 
 
-class BlockedKeysTable(DataTable[Text | str]):
+class BlockedKeysTable(LiteralTable[Text | str]):
     """Rows keyed by ordering key; ``enter`` opens the detail of the key's head."""
 
     BINDINGS = [  # noqa: RUF012 - Textual's declaration style

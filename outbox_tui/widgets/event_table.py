@@ -11,7 +11,6 @@ from rich.text import Text
 from textual.binding import Binding
 from textual.cache import LRUCache
 from textual.coordinate import Coordinate
-from textual.widgets import DataTable
 
 from engine.insights import EventSummary
 from outbox_tui.widgets.format import (
@@ -22,6 +21,7 @@ from outbox_tui.widgets.format import (
     short_id,
     status_text,
 )
+from outbox_tui.widgets.literal_table import LiteralTable
 
 # The columns an operator scans first come first, so they stay visible beside the detail.
 EVENT_COLUMNS = (
@@ -47,7 +47,7 @@ DEAD_LETTER_COLUMNS = (
 )
 
 
-class EventTable(DataTable[Text | str]):
+class EventTable(LiteralTable[Text | str]):
     """Rows keyed by event id; ``enter`` asks for the detail of the highlighted one."""
 
     BINDINGS = [  # noqa: RUF012 - Textual's declaration style
@@ -64,6 +64,7 @@ class EventTable(DataTable[Text | str]):
         self._cells_shown: dict[str, list[Text | str]] = {}
         self._drawn: LRUCache[tuple[object, ...], tuple[object, list[list[Segment]]]]
         self._drawn = LRUCache(4096)
+        self.top_on_next_page = False  # the next new page opens with its first row highlighted
 
     @property
     def events(self) -> list[EventSummary]:
@@ -123,6 +124,9 @@ class EventTable(DataTable[Text | str]):
         if not events:
             return
         ids = list(self._events)
+        if self.top_on_next_page:
+            self.top_on_next_page = False
+            keep, row_before, offset = None, 0, 0
         row = ids.index(keep) if keep in ids else min(max(row_before, 0), len(ids) - 1)
         self.move_cursor(row=row, animate=False, scroll=False)
         # Keep the highlighted event where it was on screen, as far as the rows allow.

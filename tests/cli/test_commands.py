@@ -7,14 +7,15 @@ import re
 from datetime import datetime
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.engine import make_url
 
-from engine import create_engine
+from engine import EventRegistry, OutboxEventPublisher, create_engine, create_schema, unit_of_work
 from engine.insights import EventFilter, OutboxInsights
-from engine.schema import DEAD_LETTER, PUBLISHED, replay_log
+from engine.schema import DEAD_LETTER, PUBLISHED, outbox_events, replay_log
 from outbox_tui.cli import main
 from tests.cli.conftest import APP, Cli, sqlite_only, status_counts
+from tests.engine.conftest import CTX
 
 STATS_KEYS = {
     "database_url",
@@ -293,3 +294,32 @@ async def test_stats_works_despite_an_invalid_dispatcher_setting(
     assert result.returncode == 0, result
     assert result.json()["awaiting_purge"] is None
     assert "OUTBOX_DISPATCHER__BATCH_SIZE" in result.stderr
+
+
+async def test_tables_show_bracketed_data_as_written(cli: Cli, tmp_path) -> None:
+    """Ids, types and errors are data: read as rich markup, ``[/x]`` failed the command."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'brackets.db'}"
+    registry = EventRegistry()
+    registry.register_event("shop.placed", 1)
+    engine = create_engine(url)
+    try:
+        await create_schema(engine)
+        async with unit_of_work(engine, registry=registry, context=CTX) as session:
+            await OutboxEventPublisher(session).publish(
+                "shop.placed", {}, aggregate_type="order", aggregate_id="[/oops]"
+            )
+        async with engine.begin() as conn:  # as a dispatcher would leave it
+            await conn.execute(
+                update(outbox_events).values(
+                    status=DEAD_LETTER, last_error="boom [/x]", dead_letter_reason="permanent: [b]7"
+                )
+            )
+    finally:
+        await engine.dispose()
+    env = {"OUTBOX_DATABASE_URL": url}
+    listing = cli("dead-letter", "list", env=env)
+    assert listing.returncode == 0, listing
+    assert "[/oops]" in listing.stdout and "permanent: [b]7" in listing.stdout
+    groups = cli("dead-letter", "groups", env=env)
+    assert groups.returncode == 0, groups
+    assert "boom [/x]" in groups.stdout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import io
 import os
 import sqlite3
@@ -11,10 +12,13 @@ import asyncpg
 import pytest
 from sqlalchemy.engine import make_url
 
+from engine import EventRegistry, OutboxEventPublisher, create_engine, create_schema, unit_of_work
+from engine.publisher import OutboxEvent
 from engine.settings import OutboxSettings
 from outbox_tui.console import run_console
 from outbox_tui.widgets.event_table import EventTable
 
+from ..engine.conftest import CTX
 from .conftest import SIZE, console, started, until
 
 
@@ -156,3 +160,32 @@ def test_no_traceback_reaches_the_terminal_for_a_directory_path(tmp_path):
     os.mkdir(tmp_path / "adir.db")
     code, out = start(f"sqlite+aiosqlite:///{tmp_path}/adir.db")
     assert code == 1 and "adir.db is a directory, not a SQLite" in assert_one_line(out)
+
+
+async def test_ids_that_look_like_markup_are_shown_as_written(sqlite_url):
+    """Producers choose aggregate ids, tenants and types: square brackets are data.
+
+    Read as console markup, ``[/oops]`` raised MarkupError while the table drew its row
+    (the console crashed) and ``[b]7`` lost its brackets.
+    """
+    registry = EventRegistry()
+    registry.register_event("shop[1].placed", 1)
+    engine = create_engine(sqlite_url)
+    try:
+        await create_schema(engine)
+        drafts = [
+            OutboxEvent("shop[1].placed", {}, "order", "[/oops]"),
+            OutboxEvent("shop[1].placed", {}, "order", "[b]7"),
+        ]
+        async with unit_of_work(engine, registry=registry, context=CTX) as session:
+            await OutboxEventPublisher(session).publish_many(drafts)
+    finally:
+        await engine.dispose()
+    app = console(sqlite_url, registry)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot)
+        await pilot.pause()
+        screen = app.export_screenshot()
+        assert app.is_running
+    for shown in ("order:[/oops]", "order:[b]7", "shop[1].placed"):
+        assert shown in html.unescape(screen), shown
