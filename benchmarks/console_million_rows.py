@@ -44,6 +44,7 @@ from engine.settings import DispatcherSettings
 
 DEFAULT_URL = "sqlite+aiosqlite:////tmp/outbox-console-1m.db"
 CHUNK = 50_000
+FIRST_SCREEN_LIMIT_SECONDS = 60.0
 MIX = (  # status, share
     ("published", 0.90),
     ("pending", 0.05),
@@ -280,7 +281,13 @@ async def console_figures(url: str, watch_seconds: float = 5.0) -> dict[str, Any
     started = time.perf_counter()
     async with app.run_test(size=(160, 45)):
         tick = asyncio.create_task(ticker())
-        while app.main.refreshes == 0:  # noqa: ASYNC110 - polling the app is the measurement
+        deadline = time.perf_counter() + FIRST_SCREEN_LIMIT_SECONDS
+        while app.main.refreshes == 0:  # polling the app is the measurement
+            if time.perf_counter() > deadline:  # a missing table, say: the banner says why
+                banner = app.main.query_one("#banner").render()
+                raise RuntimeError(
+                    f"no console refresh within {FIRST_SCREEN_LIMIT_SECONDS:g} s: {banner}"
+                )
             await asyncio.sleep(0.005)
         first_screen = (time.perf_counter() - started) * 1000
         table = app.main.query_one(EventTable)
