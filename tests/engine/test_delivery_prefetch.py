@@ -21,8 +21,10 @@ from engine.pauses import pause
 from .conftest import rows
 from .test_relay_prefetch import (
     assert_a_stop_hands_back_what_was_claimed_ahead,
+    assert_each_key_in_order,
     assert_handed_back_unattempted,
     assert_the_run_loop_hands_back_what_it_claimed_ahead,
+    drain_all,
     held,
     publish,
 )
@@ -215,18 +217,10 @@ async def test_one_event_per_key_in_flight_and_each_key_in_order(db, registry, c
     dispatcher = OutboxDispatcher(
         db, registry, clock=clock, batch_size=3, max_concurrency=3, prefetch=True
     )
-    for _ in range(40):
-        if {r["status"] for r in await rows(db)} == {"published"}:
-            break
-        await dispatcher.dispatch_once()
-    await dispatcher.release_prefetched()
-    assert {r["status"] for r in await rows(db)} == {"published"}
+    await drain_all(db, dispatcher)
     assert Counter(handler.calls) == Counter(ids)  # each once
     assert handler.overlaps == 0  # never two of a key at once
-    for key in ("k0", "k1", "k2"):  # handling order within a key is the publish order
-        assert [i for i in handler.calls if key_of[i] == key] == [
-            i for i in ids if key_of[i] == key
-        ]
+    assert_each_key_in_order(handler.calls, ids, key_of)
     if db.dialect.name == "postgresql":  # rows were claimed ahead beside the handlers
         assert max(handler.held_beside) > 3
 
