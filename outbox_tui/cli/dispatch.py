@@ -257,3 +257,4 @@ async def _dispatch(
                 )
             finally:
                 reporter.stop()
+                gc.unfreeze()  # the run is over: an in-process caller gets its collector back

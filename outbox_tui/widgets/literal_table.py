@@ -17,8 +17,9 @@ from textual.widgets.data_table import CellType, ColumnKey, RowKey
 
 
 def literal(value: Any) -> Any:
-    """``value`` as plain text when it is a ``str``; anything else as it is."""
-    return Text(value, end="") if isinstance(value, str) else value
+    """``value`` as plain text when it is a ``str`` (one line, as DataTable makes a ``str``
+    of a one-line row); anything else as it is."""
+    return Text(value, no_wrap=True, end="") if isinstance(value, str) else value
 
 
 class LiteralTable(DataTable[CellType]):
