@@ -318,11 +318,11 @@ async def create_schema(engine_or_url: AsyncEngine | str | URL) -> list[str]:
 async def check_schema(engine: AsyncEngine) -> None:
     """Raise ``SchemaMissingError`` unless the outbox tables exist and answer, or
     ``SchemaOutdatedError`` when an earlier version made them."""
-    from engine.migrations import missing_columns
+    from engine.migrations import outdated_parts
 
     async with storage_errors(engine.url), read_only_engine(engine).connect() as conn:
         await conn.execute(text("SELECT 1 FROM outbox_events WHERE 1 = 0"))
-        missing = await conn.run_sync(missing_columns)
+        missing = await conn.run_sync(outdated_parts)
     if missing:
         raise SchemaOutdatedError(
             f"the outbox tables are from an earlier version (missing {', '.join(missing)}); "

@@ -19,6 +19,15 @@ Version 0.3 ("Incident workflows"): the tables ``outbox_pauses`` and ``outbox_pa
 (made by ``create_all`` before the upgrade runs), and the indexes
 ``ix_outbox_events_type_backlog`` and ``ix_outbox_events_replayed_pending`` (made by the
 index step above).
+
+Version 0.4 ("Performance"): the unordered claim's indexes ``ix_outbox_events_waiting``
+and ``ix_outbox_events_waiting_type`` replace ``ix_outbox_events_unordered`` and
+``ix_outbox_events_unordered_type``; they leave out rows in flight, so a claim writes
+no entry into them. A database without them is outdated (``missing_indexes``): SQLite's
+claim names them, and PostgreSQL's would walk another index. On PostgreSQL the upgrade
+builds them with a plain ``CREATE INDEX``, which blocks writes to the table while it
+reads the table once: stop the producers, or build them first with ``CREATE INDEX
+CONCURRENTLY`` under the same names and definitions (docs/dispatcher.md).
 """
 
 from __future__ import annotations
@@ -39,8 +48,15 @@ ADDED_COLUMNS = (
 )
 #: Tables added since the first release: every dispatcher reads them.
 ADDED_TABLES = ("outbox_pauses", "outbox_pause_log")
-# Replaced by ix_outbox_events_unordered and ix_outbox_events_leased (now on locked_by).
-_RETIRED_INDEXES = ("ix_outbox_events_active", "ix_outbox_events_lease")
+# Replaced by ix_outbox_events_unordered and ix_outbox_events_leased (now on locked_by),
+# then (0.4) the unordered ones by ix_outbox_events_waiting and _waiting_type, which hold
+# no row in flight.
+_RETIRED_INDEXES = (
+    "ix_outbox_events_active",
+    "ix_outbox_events_lease",
+    "ix_outbox_events_unordered",
+    "ix_outbox_events_unordered_type",
+)
 
 
 def missing_columns(sync_conn: Connection) -> list[str]:
@@ -56,6 +72,18 @@ def missing_columns(sync_conn: Connection) -> list[str]:
     tables = set(inspector.get_table_names())
     missing.extend(table for table in ADDED_TABLES if table not in tables)
     return missing
+
+
+def missing_indexes(sync_conn: Connection) -> list[str]:
+    """``index name`` for each index of ``outbox_events`` this version has and the
+    database lacks (the claim names its indexes on SQLite, and needs them everywhere)."""
+    found = {i["name"] for i in inspect(sync_conn).get_indexes("outbox_events")}
+    return [f"index {i.name}" for i in outbox_events.indexes if i.name not in found]
+
+
+def outdated_parts(sync_conn: Connection) -> list[str]:
+    """Everything this version needs and the database lacks: columns, tables, indexes."""
+    return missing_columns(sync_conn) + missing_indexes(sync_conn)
 
 
 def _upgrade(sync_conn: Connection) -> list[str]:

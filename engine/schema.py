@@ -175,6 +175,11 @@ outbox_events = Table(
 # The claim queries repeat these predicates exactly, so both SQLite (which matches
 # partial-index predicates term by term) and PostgreSQL use the partial indexes.
 ACTIVE_PREDICATE = "status IN ('pending', 'publishing', 'failed')"
+# Rows a claim may take, due or not yet: the active ones less those in flight. The
+# unordered claim's indexes hold only these, so that the claim, which makes its rows
+# publishing, writes no entry into them (a claimed row in flight is found again, once
+# its lease expires, through ix_outbox_events_leased).
+WAITING_PREDICATE = "status IN ('pending', 'failed')"
 UNORDERED_PREDICATE = "ordering_key IS NULL"
 # Rows that hold back the later events of their key: not yet delivered, or dead-lettered
 # and not skipped.
@@ -194,20 +199,20 @@ def _where(*terms: str) -> Any:
     return {"postgresql_where": clause, "sqlite_where": clause}
 
 
-# Unordered claim: due rows in write order.
+# Unordered claim: waiting rows in write order.
 Index(
-    "ix_outbox_events_unordered",
+    "ix_outbox_events_waiting",
     outbox_events.c.seq,
-    **_where(ACTIVE_PREDICATE, UNORDERED_PREDICATE),
+    **_where(WAITING_PREDICATE, UNORDERED_PREDICATE),
 )
 # The unordered claim of a dispatcher that serves only some types, while rows of other
 # types wait (a rolling deploy, services sharing a database, a paused type): one range
 # per served type, so the waiting rows of the others are never walked.
 Index(
-    "ix_outbox_events_unordered_type",
+    "ix_outbox_events_waiting_type",
     outbox_events.c.event_type,
     outbox_events.c.seq,
-    **_where(ACTIVE_PREDICATE, UNORDERED_PREDICATE),
+    **_where(WAITING_PREDICATE, UNORDERED_PREDICATE),
 )
 # Ordered claim: the head of each key is the first entry of the key in this index, so the
 # claim walks keys (one probe each), never the rows queued behind a head.

@@ -59,6 +59,7 @@ from engine.schema import (
     PUBLISHED,
     PUBLISHING,
     UNORDERED_PREDICATE,
+    WAITING_PREDICATE,
     UtcDateTime,
     outbox_events,
 )
@@ -163,7 +164,7 @@ def _abandoned(now: datetime) -> Any:
 #            probe per key, from the dispatcher's key cursor on), ``heads`` takes each
 #            key's first unfinished row, and a head is claimed only if it is due and no
 #            row of its key is in flight. Rows queued behind a head are never visited.
-# unordered  due rows without a key, in seq order, through ix_outbox_events_unordered.
+# unordered  due rows without a key, in seq order, through ix_outbox_events_waiting.
 #
 # The two sources share the batch; which one fills it first alternates by round. On
 # PostgreSQL, FOR UPDATE SKIP LOCKED makes concurrent dispatchers take disjoint rows and
@@ -293,8 +294,8 @@ def _scope_params(dialect: str, scope: ClaimScope) -> dict[str, Any]:
 @functools.cache
 def _waiting_types_statement(dialect: str) -> TextClause:
     """Distinct event types of waiting unordered rows: one index probe per type."""
-    table = _table_for(dialect)("unordered_type")
-    where = f"{ACTIVE_PREDICATE} AND {UNORDERED_PREDICATE}"
+    table = _table_for(dialect)("waiting_type")
+    where = f"{WAITING_PREDICATE} AND {UNORDERED_PREDICATE}"
     return text(
         f"""WITH RECURSIVE types(t) AS (
     SELECT min(event_type) FROM {table} WHERE {where}
@@ -312,13 +313,13 @@ def _unordered_cte(dialect: str, limit: str, lock: str, scoped: bool, per_type: 
     With a scope, rows of types outside it may sit in the seq index in any number (a
     type no running dispatcher serves, a paused type); a number ``per_type`` reads only
     the ranges of that many served types (``:type_0``...) in
-    ix_outbox_events_unordered_type and merges them by seq, so those rows are never
+    ix_outbox_events_waiting_type and merges them by seq, so those rows are never
     walked (0: no served type has waiting rows). None walks the seq index.
     """
     table = _table_for(dialect)
     scope = f" AND {_scope_filter(dialect, 'e')}" if scoped else ""
     where = (
-        f"{ACTIVE_PREDICATE} AND {UNORDERED_PREDICATE} AND e.seq >= :seq_floor "
+        f"{WAITING_PREDICATE} AND {UNORDERED_PREDICATE} AND e.seq >= :seq_floor "
         f"AND NOT EXISTS (SELECT 1 FROM abandoned) AND {_DUE}{scope}"
     )
     if per_type == 0:
@@ -328,12 +329,12 @@ def _unordered_cte(dialect: str, limit: str, lock: str, scoped: bool, per_type: 
         return "unordered AS (SELECT CAST(NULL AS VARCHAR) AS id WHERE 1 = 0)"
     if per_type is None:
         return f"""unordered AS (
-    SELECT e.id FROM {table("unordered", "e")}
+    SELECT e.id FROM {table("waiting", "e")}
     WHERE {where}
     ORDER BY e.seq LIMIT {limit}{lock}
 )"""
     ranges = "\n    UNION ALL ".join(
-        f"SELECT * FROM (SELECT e.id, e.seq FROM {table('unordered_type', 'e')} "
+        f"SELECT * FROM (SELECT e.id, e.seq FROM {table('waiting_type', 'e')} "
         f"WHERE e.event_type = :type_{i} AND {where} "
         f"ORDER BY e.seq LIMIT {limit}{lock}) AS r{i}"
         for i in range(per_type)
@@ -374,6 +375,15 @@ def _claim_sql(
         WHERE e.id = heads.id AND {_DUE}{scope} AND {in_flight}
     )
     LIMIT {limits["ordered"]}"""
+    picked = """(
+    SELECT id FROM abandoned
+    UNION ALL SELECT id FROM ordered
+    UNION ALL SELECT id FROM unordered
+)"""
+    # PostgreSQL: an array of the picked ids, so the update finds them through the primary
+    # key whatever the planner guesses of the CTEs' sizes (with IN it could choose to hash
+    # them against a scan of the whole table, in a generic plan).
+    claimed = f"= ANY(ARRAY{picked})" if dialect == "postgresql" else f"IN {picked}"
     return f"""
 WITH RECURSIVE
 abandoned AS (
@@ -399,11 +409,7 @@ UPDATE outbox_events SET
     locked_until = :locked_until,
     claim_version = claim_version + 1,
     attempt_count = attempt_count + 1
-WHERE id IN (
-    SELECT id FROM abandoned
-    UNION ALL SELECT id FROM ordered
-    UNION ALL SELECT id FROM unordered
-)
+WHERE id {claimed}
 """
 
 
@@ -527,7 +533,7 @@ async def claim_batch(
 
     ``seq_floor`` (a keyset floor) starts the unordered part at that ``seq``: a
     dispatcher that claimed a full batch goes on after its last unordered row instead of
-    walking again, from the start of ix_outbox_events_unordered, over the entries of
+    walking again, from the start of ix_outbox_events_waiting, over the entries of
     every row published since the last vacuum (PostgreSQL keeps them until then: on a
     large backlog that walk was most of a claim). Rows below the floor that become due
     again (a retry, a hand-back) are found when a claim from the floor finds nothing

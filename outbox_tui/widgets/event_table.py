@@ -211,9 +211,8 @@ class EventTable(LiteralTable[Text | str]):
             self.app.theme,
         )
         drawn = self._lines.get(key)
-        if drawn is not None and len(drawn[0]) == len(cells):
-            if all(a is b for a, b in zip(drawn[0], cells, strict=True)):
-                return drawn[1]
+        if drawn is not None and _same_objects(drawn[0], cells):
+            return drawn[1]
         strip = super()._render_line(y, x1, x2, base_style)
         self._lines[key] = (cells, strip)
         return strip
@@ -251,6 +250,10 @@ class EventTable(LiteralTable[Text | str]):
             # Wide terminals give the error the room the other columns leave.
             Text(one_line(e.last_error, max(40, self.size.width - 100)), style=MUTED_STYLE),
         ]
+
+
+def _same_objects(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
 
 
 def _same_cell(a: Text | str, b: Text | str) -> bool:

@@ -61,12 +61,14 @@ class LiteralTable(DataTable[CellType]):
             if row_index is None or row is None:
                 continue  # removed before the table measured it
             _label, cells = self._get_row_renderables(row_index)
-            if row.label is not None or row.auto_height or not all(
-                isinstance(cell, Text) for cell in cells
+            if (
+                row.label is not None
+                or row.auto_height
+                or not all(isinstance(cell, Text) for cell in cells)
             ):
                 others.append(row_key)
                 continue
-            for column, cell in zip(columns, cells):
+            for column, cell in zip(columns, cells, strict=False):  # as DataTable pairs them
                 width = text_width(cell)
                 if width > column.content_width:
                     column.content_width = width

@@ -49,8 +49,9 @@ async def test_init_db_upgrades_in_place_and_keeps_the_rows(db, registry, clock)
         indexes = await conn.run_sync(
             lambda sync: {i["name"] for i in inspect(sync).get_indexes("outbox_events")}
         )
-    assert {"ix_outbox_events_unordered", "ix_outbox_events_key_order"} <= indexes
-    assert not {"ix_outbox_events_active", "ix_outbox_events_lease"} & indexes
+    assert {"ix_outbox_events_waiting", "ix_outbox_events_key_order"} <= indexes
+    retired = {"ix_outbox_events_active", "ix_outbox_events_lease", "ix_outbox_events_unordered"}
+    assert not retired & indexes
 
     seen = []
 
@@ -84,3 +85,42 @@ async def test_a_database_without_the_pause_tables_is_refused_then_upgraded(db):
     async with db.connect() as conn:
         tables = await conn.run_sync(lambda sync: set(inspect(sync).get_table_names()))
     assert {"outbox_pauses", "outbox_pause_log"} <= tables
+
+
+async def test_a_database_with_the_unordered_indexes_of_0_3_is_refused_then_upgraded(
+    db, registry, clock
+):
+    """0.3's unordered claim indexes held rows in flight too; 0.4's hold waiting rows only."""
+    async with db.begin() as conn:
+        for index in ("ix_outbox_events_waiting", "ix_outbox_events_waiting_type"):
+            await conn.execute(text(f"DROP INDEX {index}"))
+        where = "status IN ('pending', 'publishing', 'failed') AND ordering_key IS NULL"
+        await conn.execute(
+            text(f"CREATE INDEX ix_outbox_events_unordered ON outbox_events (seq) WHERE {where}")
+        )
+        await conn.execute(
+            text(
+                "CREATE INDEX ix_outbox_events_unordered_type "
+                f"ON outbox_events (event_type, seq) WHERE {where}"
+            )
+        )
+        await conn.execute(text(OLD_ROW), {"id": "e1"})
+    with pytest.raises(SchemaOutdatedError, match="outbox-tui init-db") as caught:
+        await check_schema(db)
+    assert "index ix_outbox_events_waiting" in str(caught.value)
+    steps = await create_schema(db)
+    assert sorted(steps) == [
+        "created index ix_outbox_events_waiting",
+        "created index ix_outbox_events_waiting_type",
+        "dropped index ix_outbox_events_unordered",
+        "dropped index ix_outbox_events_unordered_type",
+    ]
+    await check_schema(db)
+    assert await create_schema(db) == []
+
+    @registry.handler("orders.cancelled", key="orders.audit")
+    async def audit(envelope):
+        pass
+
+    worker = OutboxDispatcher(db, registry, clock=clock)
+    assert await worker.dispatch_once() == DispatchResult(claimed=1, published=1)

@@ -102,7 +102,7 @@ async def test_the_claim_walks_keys_and_unordered_rows_through_their_indexes(
     }
     plan = await _text_plan(db, sql, params)
     _assert_no_table_scan(plan)
-    for index in ("key_order", "key_in_flight", "unordered", "leased"):
+    for index in ("key_order", "key_in_flight", "waiting", "leased"):
         assert f"ix_outbox_events_{index}" in plan, plan
 
 
@@ -139,8 +139,8 @@ async def test_a_scoped_claim_reads_one_range_per_served_type(db, clock):
     }
     plan = await _text_plan(db, sql, params)
     _assert_no_table_scan(plan)
-    assert "ix_outbox_events_unordered_type" in plan, plan
-    assert "ix_outbox_events_unordered " not in plan + " ", plan
+    assert "ix_outbox_events_waiting_type" in plan, plan
+    assert "ix_outbox_events_waiting " not in plan + " ", plan
 
 
 async def test_oldest_pending_is_found_through_indexes(db):
@@ -278,7 +278,7 @@ async def _claim_plan_rows(conn, clock, scope: store.ClaimScope, batch: int) -> 
 
 async def test_a_scoped_claim_on_sqlite_searches_one_range_per_served_type(sqlite_url, clock):
     """The SQLite side of the test above, on a backlog: each served type's range is a
-    SEARCH of ix_outbox_events_unordered_type by event_type, never a SCAN of it."""
+    SEARCH of ix_outbox_events_waiting_type by event_type, never a SCAN of it."""
     from engine import create_engine, create_schema
 
     db = create_engine(sqlite_url)
@@ -302,11 +302,11 @@ async def test_a_scoped_claim_on_sqlite_searches_one_range_per_served_type(sqlit
     finally:
         await db.dispose()
     _assert_no_table_scan(plan)
-    ranges = [line for line in plan.splitlines() if "ix_outbox_events_unordered_type" in line]
+    ranges = [line for line in plan.splitlines() if "ix_outbox_events_waiting_type" in line]
     assert len(ranges) == 2, plan  # one per served type
     for line in ranges:
         assert line.startswith("SEARCH") and "(event_type=?" in line, plan
-    assert "INDEX ix_outbox_events_unordered " not in plan, plan
+    assert "INDEX ix_outbox_events_waiting " not in plan, plan
 
 
 async def test_the_key_walk_past_unserved_heads_costs_per_key_not_per_row_behind(db, clock):
