@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
 from textual.binding import Binding
@@ -63,8 +62,6 @@ class EventTable(LiteralTable[Text | str]):
         self.mode = ""
         self._events: dict[str, EventSummary] = {}
         self._cells_shown: dict[str, list[Text | str]] = {}
-        self._drawn: LRUCache[tuple[object, ...], tuple[object, list[list[Segment]]]]
-        self._drawn = LRUCache(4096)
         self._lines: LRUCache[tuple[object, ...], tuple[tuple[object, ...], Strip]]
         self._lines = LRUCache(512)
         self.top_on_next_page = False  # the next new page opens with its first row highlighted
@@ -136,54 +133,13 @@ class EventTable(LiteralTable[Text | str]):
         target = max(0, row - max(0, offset))
         self.call_after_refresh(self.scroll_to, y=target, animate=False, immediate=True)
 
-    def _render_cell(
-        self,
-        row_index: int,
-        column_index: int,
-        base_style: Style,
-        width: int,
-        cursor: bool = False,
-        hover: bool = False,
-    ) -> list[list[Segment]]:
-        """A cell drawn before, with the same value and look, is not drawn again.
-
-        DataTable keys its caches on a counter every ``update_cell`` bumps, so one changed
-        age redraws every visible cell: 40-60 ms of the event loop on a slow machine, each
-        refresh. Values are compared by identity: ``show`` keeps the value of a cell whose
-        text did not change, and gives a changed cell a new one.
-        """
-        if row_index < 0 or column_index < 0:  # the header and row labels: DataTable's own
-            return super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
-        row_key = self._row_locations.get_key(row_index)
-        column_key = self._column_locations.get_key(column_index)
-        value = self._data[row_key][column_key]
-        key = (
-            row_key,
-            column_key,
-            row_index,
-            column_index,
-            base_style,
-            width,
-            cursor,
-            hover,
-            self._show_hover_cursor,
-            self._pseudo_class_state,
-            self.app.theme,
-        )
-        drawn = self._drawn.get(key)
-        if drawn is not None and drawn[0] is value:
-            return drawn[1]
-        lines = super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
-        self._drawn[key] = (value, lines)
-        return lines
-
     def _render_line(self, y: int, x1: int, x2: int, base_style: Style) -> Strip:
         """A row's line drawn before, with the same cells and look, is not drawn again.
 
-        The same counter keys DataTable's line caches, so one changed age also had every
-        visible line put together again from its cells: most of a refresh's 15-25 ms of
-        drawing at 1,000,000 rows (benchmarks/console_million_rows.py). Cells are
-        compared by identity, as in ``_render_cell``.
+        DataTable keys its caches on a counter every ``update_cell`` bumps, so one changed
+        age had every visible line drawn again, cell by cell: 40-60 ms of the event loop
+        on a slow machine, each refresh. Cells are compared by identity: ``show`` keeps
+        the value of a cell whose text did not change, and gives a changed cell a new one.
         """
         try:
             row_key, line = self._get_offsets(y)
