@@ -204,11 +204,15 @@ class OutboxInsights:
         counts[PUBLISHED] = published
         counts = {status: counts[status] for status in STATUSES}
         oldest = await oldest_due(conn)
+        # Stuck: leased rows whose lease ran out, the ones a claim reclaims. A row is leased
+        # exactly while publishing (engine.schema), so no status test: it would read each
+        # row (17 of a 37 ms overview on 1,000,000 SQLite rows with 10,000 in flight),
+        # where the lease index alone answers.
         stuck = await _scalar(
             conn,
             select(func.count())
             .select_from(t)
-            .where(text(IN_FLIGHT_PREDICATE), t.c.status == PUBLISHING, t.c.locked_until < now),
+            .where(text(IN_FLIGHT_PREDICATE), t.c.locked_until < now),
         )
         heartbeats = await self._heartbeats(conn, now)
         unserved = await unserved_types(conn, heartbeats, now)

@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import insert
 
-from engine import EventHandlerPermanentError, OutboxDispatcher, replay_dead_letter
+from engine import EventHandlerPermanentError, OutboxDispatcher, replay_dead_letter, store
 from engine.errors import ConfigurationError, EventNotFoundError
 from engine.insights import EventFilter, OutboxInsights
 from engine.schema import outbox_events, process_heartbeats
@@ -208,3 +208,25 @@ async def test_the_recount_takes_back_what_the_purge_deleted(db, clock):
     assert carried.counts["published"] == 3  # carried from the recount until the next one
     recount = await insights.published_totals()
     assert (await insights.live_overview(recount)).counts["published"] == 1
+
+
+async def test_a_claim_whose_lease_ran_out_is_stuck_and_a_live_one_is_not(db, registry, clock):
+    await publish(db, registry, count=3)
+    insights = OutboxInsights(db, clock=clock)
+    lease = timedelta(seconds=30)
+    async with db.begin() as conn:
+        claimed = await store.claim_batch(
+            conn, dispatcher_id="d1", batch_size=2, lease=lease, now=clock.now
+        )
+    assert len(claimed.rows) == 2
+    assert (await insights.overview()).stuck_publishing == 0
+    clock.advance(60)  # d1 crashed: both its leases ran out
+    snap = await insights.overview()
+    assert snap.counts["publishing"] == 2 and snap.stuck_publishing == 2
+    async with db.begin() as conn:  # d2 reclaims one abandoned row (alone), with a new lease
+        again = await store.claim_batch(
+            conn, dispatcher_id="d2", batch_size=5, lease=lease, now=clock.now
+        )
+    assert len(again.rows) == 1 and again.rows[0].event_id in {r.event_id for r in claimed.rows}
+    snap = await insights.overview()
+    assert snap.counts["publishing"] == 2 and snap.stuck_publishing == 1
