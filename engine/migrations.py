@@ -74,10 +74,14 @@ def missing_columns(sync_conn: Connection) -> list[str]:
     return missing
 
 
+def _index_names(sync_conn: Connection) -> set[str | None]:
+    return {i["name"] for i in inspect(sync_conn).get_indexes("outbox_events")}
+
+
 def missing_indexes(sync_conn: Connection) -> list[str]:
     """``index name`` for each index of ``outbox_events`` this version has and the
     database lacks (the claim names its indexes on SQLite, and needs them everywhere)."""
-    found = {i["name"] for i in inspect(sync_conn).get_indexes("outbox_events")}
+    found = _index_names(sync_conn)
     return [f"index {i.name}" for i in outbox_events.indexes if i.name not in found]
 
 
@@ -118,7 +122,7 @@ def _upgrade(sync_conn: Connection) -> list[str]:
         done.append(f"added {name}")
     if not pg:
         run(SQLITE_SEQ_TRIGGER)
-    indexes = {i["name"] for i in inspect(sync_conn).get_indexes("outbox_events")}
+    indexes = _index_names(sync_conn)
     for retired in _RETIRED_INDEXES:
         if retired in indexes:
             run(f"DROP INDEX {retired}")

@@ -118,7 +118,6 @@ class LiteralTable(DataTable[CellType]):
             self.cursor_background_priority == "css",
         )
         pre_style = base_style + Style.from_meta({"row": row_index, "column": column_index})
-        options = self.app.console_options
         return plain_cell_lines(
             value,
             width,
@@ -126,6 +125,4 @@ class LiteralTable(DataTable[CellType]):
             pre_style + component_style,
             post_style,
             self.app.console.get_style,
-            justify=options.justify,
-            overflow=options.overflow,
         )

@@ -41,16 +41,13 @@ def plain_cell_lines(
     pre_style: Style | None,
     post_style: Style | None,
     get_style: Callable[[str], Style],
-    *,
-    justify: str | None = None,
-    overflow: str | None = None,
 ) -> list[list[Segment]] | None:
     """The one line ``DataTable`` would draw for ``cell`` in a column ``width`` cells wide
     (``padding`` on each side), or ``None`` when only Rich can say.
 
-    ``get_style`` is the console's (a style by name is looked up as Rich looks it up);
-    ``justify`` and ``overflow`` are the console options' (Rich's fallbacks when the
-    text sets none).
+    ``get_style`` is the console's (a style by name is looked up as Rich looks it up).
+    The console options DataTable draws with (``App.console_options``) set neither
+    justify nor overflow, so a text that sets none gets Rich's defaults.
     """
     plain = cell.plain
     inner = width - 2 * padding
@@ -62,10 +59,10 @@ def plain_cell_lines(
     if isinstance(style, str) and style:
         style = get_style(style)
     style = style or None  # Rich's Text.join gives no span to a text without a style
-    method = cell.justify or justify or "default"
+    method = cell.justify or "default"
     if method not in ("default", "left"):
         return None
-    cut = cell.overflow or overflow or "fold"
+    cut = cell.overflow or "fold"
     if cut == "ignore":
         return None
     if len(plain) > inner:
