@@ -407,3 +407,17 @@ async def test_published_rows_are_counted_inside_the_published_at_index(db, cloc
         plan = await _bound_plan(db, stmt, params)
         _assert_no_table_scan(plan)
         assert "ix_outbox_events_published_at" in plan, plan
+
+
+async def test_the_unordered_claim_indexes_leave_out_rows_in_flight(db):
+    """A claim makes its rows publishing; the indexes it walks must not gain entries then."""
+    if db.dialect.name == "postgresql":
+        sql = "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'outbox_events'"
+    else:
+        sql = "SELECT name, sql FROM sqlite_master WHERE type = 'index'"
+    async with db.connect() as conn:
+        found = dict((await conn.exec_driver_sql(sql)).all())
+    for name in ("ix_outbox_events_waiting", "ix_outbox_events_waiting_type"):
+        definition = found[name]
+        assert "pending" in definition and "failed" in definition, definition
+        assert "publishing" not in definition, definition
