@@ -69,7 +69,7 @@ from engine.schema import (
     BACKLOG_PREDICATE,
     DEAD_LETTER,
     FAILED,
-    IN_FLIGHT_PREDICATE,
+    LEASED_PREDICATE,
     PENDING,
     PUBLISHED,
     PUBLISHING,
@@ -212,7 +212,7 @@ class OutboxInsights:
             conn,
             select(func.count())
             .select_from(t)
-            .where(text(IN_FLIGHT_PREDICATE), t.c.locked_until < now),
+            .where(text(LEASED_PREDICATE), t.c.locked_until < now),
         )
         heartbeats = await self._heartbeats(conn, now)
         unserved = await unserved_types(conn, heartbeats, now)
@@ -378,9 +378,9 @@ def top_types_statements() -> tuple[Select[Any], Select[Any]]:
         .where(text(BACKLOG_PREDICATE))
         .group_by(t.c.status, t.c.event_type)
     )
-    in_flight = (  # locked_by is set exactly while a row is publishing (engine.schema)
+    in_flight = (  # a row is leased exactly while it is publishing (engine.schema)
         select(literal(PUBLISHING), t.c.event_type, func.count())
-        .where(text(IN_FLIGHT_PREDICATE))
+        .where(text(LEASED_PREDICATE))
         .group_by(t.c.event_type)
     )
     return backlog, in_flight

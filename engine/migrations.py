@@ -23,7 +23,10 @@ index step above).
 Version 0.4 ("Performance"): the unordered claim's indexes ``ix_outbox_events_waiting``
 and ``ix_outbox_events_waiting_type`` replace ``ix_outbox_events_unordered`` and
 ``ix_outbox_events_unordered_type``; they leave out rows in flight, so a claim writes
-no entry into them. A database without them is outdated (``missing_indexes``): SQLite's
+no entry into them; ``ix_outbox_events_lease_expiry`` (``locked_until IS NOT NULL``)
+replaces ``ix_outbox_events_leased`` (``locked_by IS NOT NULL``), so PostgreSQL can no
+longer answer the claim's per-key in-flight probe by reading every leased row (see
+``engine.schema``). A database without them is outdated (``missing_indexes``): SQLite's
 claim names them, and PostgreSQL's would walk another index. On PostgreSQL the upgrade
 builds them with a plain ``CREATE INDEX``, which blocks writes to the table while it
 reads the table once: stop the producers, or build them first with ``CREATE INDEX
@@ -50,12 +53,14 @@ ADDED_COLUMNS = (
 ADDED_TABLES = ("outbox_pauses", "outbox_pause_log")
 # Replaced by ix_outbox_events_unordered and ix_outbox_events_leased (now on locked_by),
 # then (0.4) the unordered ones by ix_outbox_events_waiting and _waiting_type, which hold
-# no row in flight.
+# no row in flight, and _leased by ix_outbox_events_lease_expiry, whose predicate the
+# per-key in-flight probe does not imply.
 _RETIRED_INDEXES = (
     "ix_outbox_events_active",
     "ix_outbox_events_lease",
     "ix_outbox_events_unordered",
     "ix_outbox_events_unordered_type",
+    "ix_outbox_events_leased",
 )
 
 

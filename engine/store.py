@@ -35,7 +35,6 @@ from sqlalchemy import (
     bindparam,
     case,
     column,
-    or_,
     text,
     tuple_,
     type_coerce,
@@ -49,12 +48,12 @@ from sqlalchemy.sql.selectable import TextualSelect
 
 from engine.database import as_dbapi_error
 from engine.schema import (
-    ACTIVE_PREDICATE,
     DEAD_LETTER,
     FAILED,
     IN_FLIGHT_PREDICATE,
     KEY_UNFINISHED_PREDICATE,
     KEYED_PREDICATE,
+    LEASED_PREDICATE,
     PENDING,
     PUBLISHED,
     PUBLISHING,
@@ -138,21 +137,6 @@ def _claim_columns() -> list[Any]:
     return [c for c in t.c if c.name != "payload"] + [
         type_coerce(t.c.payload, Text).label("payload")
     ]
-
-
-def _waiting(now: datetime) -> Any:
-    """Pending or failed rows that are due and not leased."""
-    return and_(
-        text(ACTIVE_PREDICATE),
-        t.c.status.in_((PENDING, FAILED)),
-        or_(t.c.next_retry_at.is_(None), t.c.next_retry_at <= now),
-        or_(t.c.locked_until.is_(None), t.c.locked_until < now),
-    )
-
-
-def _abandoned(now: datetime) -> Any:
-    """Rows whose dispatcher's lease ran out mid-delivery (it crashed or hung)."""
-    return and_(t.c.locked_by.is_not(None), t.c.locked_until < now)
 
 
 # The claim, as SQL text: a recursive walk over keys reads better here than its
@@ -387,8 +371,8 @@ def _claim_sql(
     return f"""
 WITH RECURSIVE
 abandoned AS (
-    SELECT e.id FROM {table("leased", "e")}
-    WHERE e.{IN_FLIGHT_PREDICATE} AND e.locked_until < :now{scope}
+    SELECT e.id FROM {table("lease_expiry", "e")}
+    WHERE e.{LEASED_PREDICATE} AND e.locked_until < :now{scope}
     ORDER BY e.locked_until LIMIT 1{lock}
 ),
 {_key_walk_with_heads(unfinished) if dialect == "postgresql" else _key_walk(table, unfinished)},

@@ -90,10 +90,21 @@ async def test_a_database_without_the_pause_tables_is_refused_then_upgraded(db):
 async def test_a_database_with_the_unordered_indexes_of_0_3_is_refused_then_upgraded(
     db, registry, clock
 ):
-    """0.3's unordered claim indexes held rows in flight too; 0.4's hold waiting rows only."""
+    """0.3's unordered claim indexes held rows in flight too; 0.4's hold waiting rows only,
+    and its lease index is spelled so the per-key in-flight probe cannot use it."""
     async with db.begin() as conn:
-        for index in ("ix_outbox_events_waiting", "ix_outbox_events_waiting_type"):
+        for index in (
+            "ix_outbox_events_waiting",
+            "ix_outbox_events_waiting_type",
+            "ix_outbox_events_lease_expiry",
+        ):
             await conn.execute(text(f"DROP INDEX {index}"))
+        await conn.execute(
+            text(
+                "CREATE INDEX ix_outbox_events_leased ON outbox_events (locked_until) "
+                "WHERE locked_by IS NOT NULL"
+            )
+        )
         where = "status IN ('pending', 'publishing', 'failed') AND ordering_key IS NULL"
         await conn.execute(
             text(f"CREATE INDEX ix_outbox_events_unordered ON outbox_events (seq) WHERE {where}")
@@ -110,8 +121,10 @@ async def test_a_database_with_the_unordered_indexes_of_0_3_is_refused_then_upgr
     assert "index ix_outbox_events_waiting" in str(caught.value)
     steps = await create_schema(db)
     assert sorted(steps) == [
+        "created index ix_outbox_events_lease_expiry",
         "created index ix_outbox_events_waiting",
         "created index ix_outbox_events_waiting_type",
+        "dropped index ix_outbox_events_leased",
         "dropped index ix_outbox_events_unordered",
         "dropped index ix_outbox_events_unordered_type",
     ]

@@ -10,7 +10,7 @@ from sqlalchemy import ARRAY, Text, bindparam, func, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 
 from engine import create_engine, create_schema, dispatch_health, insights, pauses, store
-from engine.schema import UtcDateTime
+from engine.schema import IN_FLIGHT_PREDICATE, KEYED_PREDICATE, LEASED_PREDICATE, UtcDateTime
 from engine.schema import outbox_events as t
 
 
@@ -35,15 +35,41 @@ def _assert_no_table_scan(plan: str) -> None:
         assert not (line.startswith("SCAN outbox_events") and "INDEX" not in line), plan
 
 
-async def test_claim_candidates_are_found_through_an_index(db, clock):
-    waiting = select(t.c.id).where(store._waiting(clock())).order_by(t.c.id).limit(100)
-    plan = await _plan(db, waiting)
-    _assert_no_table_scan(plan)
-    assert "ix_outbox_events_" in plan
-    abandoned = select(t.c.id).where(store._abandoned(clock())).order_by(t.c.locked_until).limit(1)
-    plan = await _plan(db, abandoned)
-    _assert_no_table_scan(plan)
-    assert "ix_outbox_events_" in plan
+async def _plan_without(db, index: str, sql: str) -> str:
+    """The plan of ``sql`` once ``index`` is gone (dropped in a transaction rolled back)."""
+    async with db.connect() as conn, conn.begin() as tx:
+        await conn.exec_driver_sql(f"DROP INDEX {index}")
+        if db.dialect.name == "postgresql":
+            await conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
+            rows = await conn.exec_driver_sql("EXPLAIN " + sql)
+        else:
+            rows = await conn.exec_driver_sql("EXPLAIN QUERY PLAN " + sql)
+        plan = "\n".join(str(r[-1]) for r in rows)
+        await tx.rollback()
+    return plan
+
+
+async def test_the_in_flight_probe_and_the_lease_queries_cannot_use_each_others_index(db, clock):
+    """Each can be served by its own index only, never by reading the other one whole.
+
+    When both said "in flight" the same way (locked_by IS NOT NULL), PostgreSQL's planner
+    came to answer the claim's per-key probe by reading every leased row mid-drain: 500
+    heads x 500 leased rows, most of an ordered claim's time. So with its own index gone,
+    the probe falls back to a table scan, not to the lease index, and the other way round.
+    """
+    probe = (
+        "SELECT 1 FROM outbox_events AS f WHERE f.ordering_key = 'k' "
+        f"AND {KEYED_PREDICATE} AND {IN_FLIGHT_PREDICATE} LIMIT 1"
+    )
+    plan = await _plan_without(db, "ix_outbox_events_key_in_flight", probe)
+    assert "ix_outbox_events_lease" not in plan, plan
+    stuck = select(func.count()).select_from(t).where(
+        text(LEASED_PREDICATE), t.c.locked_until < clock()
+    )
+    _backlog, in_flight_by_type = insights.top_types_statements()
+    for stmt in (stuck, in_flight_by_type):
+        plan = await _plan_without(db, "ix_outbox_events_lease_expiry", _sql(db, stmt))
+        assert "ix_outbox_events_key_in_flight" not in plan, plan
 
 
 async def test_counting_a_status_uses_an_index(db):
@@ -102,7 +128,7 @@ async def test_the_claim_walks_keys_and_unordered_rows_through_their_indexes(
     }
     plan = await _text_plan(db, sql, params)
     _assert_no_table_scan(plan)
-    for index in ("key_order", "key_in_flight", "waiting", "leased"):
+    for index in ("key_order", "key_in_flight", "waiting", "lease_expiry"):
         assert f"ix_outbox_events_{index}" in plan, plan
 
 
@@ -160,7 +186,7 @@ async def test_top_types_and_pause_counts_stay_inside_the_backlog_and_in_flight_
     assert "ix_outbox_events_type_backlog" in plan, plan
     plan = await _plan(db, in_flight)
     _assert_no_table_scan(plan)
-    assert "ix_outbox_events_leased" in plan, plan
+    assert "ix_outbox_events_lease_expiry" in plan, plan
     for tenant in (None, "acme"):
         plan = await _plan(db, pauses.waiting_count("orders.placed", tenant))
         _assert_no_table_scan(plan)
