@@ -103,6 +103,7 @@ __all__ = [
     "UnservedType",
     "oldest_due_statements",
     "published_window_statements",
+    "stuck_statement",
     "top_types_statements",
 ]
 
@@ -204,16 +205,7 @@ class OutboxInsights:
         counts[PUBLISHED] = published
         counts = {status: counts[status] for status in STATUSES}
         oldest = await oldest_due(conn)
-        # Stuck: leased rows whose lease ran out, the ones a claim reclaims. A row is leased
-        # exactly while publishing (engine.schema), so no status test: it would read each
-        # row (17 of a 37 ms overview on 1,000,000 SQLite rows with 10,000 in flight),
-        # where the lease index alone answers.
-        stuck = await _scalar(
-            conn,
-            select(func.count())
-            .select_from(t)
-            .where(text(LEASED_PREDICATE), t.c.locked_until < now),
-        )
+        stuck = await _scalar(conn, stuck_statement(now))
         heartbeats = await self._heartbeats(conn, now)
         unserved = await unserved_types(conn, heartbeats, now)
         blocked_keys, oldest_blocked = await blocked_summary(conn)
@@ -369,6 +361,20 @@ class OutboxInsights:
             except ValueError as exc:
                 payload_error = f"corrupt payload: {exc}"
         return EventDetail(values, payload, payload_error, replays, runs, effects, earlier)
+
+
+def stuck_statement(now: datetime) -> Select[Any]:
+    """How many leased rows' lease ran out: the ones a claim reclaims.
+
+    A row is leased exactly while publishing (engine.schema), so no status test: it would
+    read each row (17 of a 37 ms overview on 1,000,000 SQLite rows with 10,000 in flight),
+    where the lease index alone answers.
+    """
+    return (
+        select(func.count())
+        .select_from(t)
+        .where(text(LEASED_PREDICATE), t.c.locked_until < now)
+    )
 
 
 def top_types_statements() -> tuple[Select[Any], Select[Any]]:
