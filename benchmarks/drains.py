@@ -21,6 +21,7 @@ from sqlalchemy.engine import make_url
 
 from benchmarks import peer_amqp, peer_pgqueuer, support, usage
 from benchmarks.support import Context, Fleet, WorkerFailed
+from engine import store
 
 OURS_APP = "benchmarks.bench_app"
 
@@ -186,7 +187,7 @@ def floor_script(batch: int, *, order_by: str, unordered_only: bool) -> str:
     """engine.store's claim and completion, as pgbench runs them (one commit each).
 
     The claim is ``claim_batch`` for PostgreSQL word for word (an abandoned row first,
-    else up to ``batch`` due rows, ``FOR UPDATE SKIP LOCKED``, all columns returned). The
+    else up to ``batch`` due rows, ``FOR UPDATE SKIP LOCKED``, the columns it returns). The
     completion is ``mark_published``'s fence (status, holder, lease) with the batch
     picked by holder instead of by its (id, claim_version) list, which pgbench cannot
     carry from one statement to the next. With ``seq`` ordering, each client keeps the
@@ -220,7 +221,7 @@ UPDATE outbox_events SET status = 'publishing', claim_version = claim_version + 
   attempt_count = attempt_count + 1, locked_by = 'floor-' || :client_id::text,
   locked_until = now() + interval '30 seconds'
 WHERE id IN (SELECT id FROM abandoned UNION ALL SELECT id FROM waiting)
-RETURNING *;
+RETURNING {", ".join(store.CLAIM_RETURNS)}, payload;
 {next_floor}UPDATE outbox_events SET status = 'published', published_at = now(), last_error = NULL,
   next_retry_at = NULL, locked_by = NULL, locked_until = NULL
 WHERE status = 'publishing' AND locked_by = 'floor-' || :client_id::text AND locked_until > now()

@@ -37,7 +37,6 @@ from sqlalchemy import (
     column,
     text,
     tuple_,
-    type_coerce,
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
@@ -130,13 +129,6 @@ class ClaimedRow:
 
 def truncate_error(message: str) -> str:
     return message if len(message) <= _ERROR_LIMIT else message[: _ERROR_LIMIT - 1] + "…"
-
-
-def _claim_columns() -> list[Any]:
-    # The payload comes back as raw text (on SQLite) and is decoded per row.
-    return [c for c in t.c if c.name != "payload"] + [
-        type_coerce(t.c.payload, Text).label("payload")
-    ]
 
 
 # The claim, as SQL text: a recursive walk over keys reads better here than its
@@ -397,11 +389,32 @@ WHERE id {claimed}
 """
 
 
+# What a claim returns of each row: what delivery reads (ClaimedRow, its problem check,
+# EventEnvelope.from_row), nothing else. The delivery-state columns (status, lease,
+# errors, the published and replay times) are the claim's own writes or unused: all
+# columns cost a fifth more per row on SQLite, five more timestamps through UtcDateTime.
+CLAIM_RETURNS = (
+    "id",
+    "tenant_id",
+    "event_type",
+    "event_version",
+    "aggregate_type",
+    "aggregate_id",
+    "ordering_key",
+    "seq",
+    "claim_version",
+    "attempt_count",
+    "max_attempts",
+    "replay_count",
+    "created_at",
+)
+
+
 @functools.cache
 def _claim_statement(
     dialect: str, ordered_first: bool, scoped: bool = False, per_type: int | None = None
 ) -> TextualSelect:
-    returned = [c for c in t.c if c.name != "payload"]
+    returned = [t.c[name] for name in CLAIM_RETURNS]
     returning = ", ".join(c.name for c in returned) + ", payload"
     params: list[BindParameter[Any]] = [
         bindparam("now", type_=UtcDateTime()),
