@@ -129,7 +129,7 @@ class DispatchObserver(Protocol):
     async def observe_round(self, result: DispatchResult) -> None: ...
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per event, and frozen fields cost 1k instructions each
 class _Outcome:
     row: ClaimedRow
     kind: str  # "published" | "failed" | "dead_letter" | "unattempted"

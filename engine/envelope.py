@@ -52,10 +52,7 @@ class EventEnvelope:
     def task_context(self) -> TaskContext:
         """The context a handler of this event runs in."""
         return TaskContext(
-            tenant_id=self.tenant_id,
-            actor_id=self.actor_id or "",
-            request_id=self.request_id or "",
-            trace_id=self.trace_id,
+            self.tenant_id, self.actor_id or "", self.request_id or "", self.trace_id
         )
 
     @classmethod
@@ -63,7 +60,8 @@ class EventEnvelope:
         """Build from an ``outbox_events`` row mapping (``payload``: already decoded).
 
         Positional, in field order: once per delivered event, and keyword binding of
-        thirteen fields cost twice the rest of the construction (3.7 against 1.6 µs).
+        thirteen fields cost a fifth of the construction (33.7k against 27.9k
+        instructions, callgrind).
         """
         if payload is _FROM_ROW:
             payload = row["payload"]

@@ -27,7 +27,7 @@ SUCCEEDED = "succeeded"
 FAILED = "failed"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per handler call (frozen fields cost 1k instructions each)
 class HandlerRunRecord:
     event_id: str
     handler_key: str
