@@ -238,7 +238,7 @@ HOW_TO_READ = [
     "- pgqueuer runs as its own `pgq run` would: `PgQueuer.run` under uvloop, no-op (or",
     "  sleeping) entrypoint, 2 processes × batch 500, durable (logged) tables.",
     "- The SQL floor is pgbench with 2 clients running `engine.store`'s claim statement",
-    "  (same CTEs, `FOR UPDATE SKIP LOCKED`, all columns returned) and the completion's",
+    "  (same CTEs, `FOR UPDATE SKIP LOCKED`, the columns it returns) and the completion's",
     "  fence, one commit each, on the same preloaded table: the drain with no Python.",
     "- The relay compares one dispatcher relaying to a bound durable queue against aio-pika",
     "  publishing the same number of persistent, mandatory messages of the same size,",
