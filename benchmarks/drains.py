@@ -187,7 +187,8 @@ def floor_script(batch: int, *, order_by: str, unordered_only: bool) -> str:
     """engine.store's claim and completion, as pgbench runs them (one commit each).
 
     The claim is ``claim_batch`` for PostgreSQL word for word (an abandoned row first,
-    else up to ``batch`` due rows, ``FOR UPDATE SKIP LOCKED``, the columns it returns). The
+    else up to ``batch`` due rows, ``FOR UPDATE SKIP LOCKED``, the update finding them by
+    address, the columns it returns). The
     completion is ``mark_published``'s fence (status, holder, lease) with the batch
     picked by holder instead of by its (id, claim_version) list, which pgbench cannot
     carry from one statement to the next. With ``seq`` ordering, each client keeps the
@@ -206,10 +207,10 @@ FROM outbox_events WHERE status = 'publishing' AND locked_by = 'floor-' || :clie
         else ""
     )
     return f"""WITH abandoned AS (
-  SELECT id FROM outbox_events WHERE status = 'publishing' AND locked_until < now()
+  SELECT ctid AS ref FROM outbox_events WHERE status = 'publishing' AND locked_until < now()
   ORDER BY locked_until LIMIT 1 FOR UPDATE SKIP LOCKED
 ), waiting AS (
-  SELECT id FROM outbox_events
+  SELECT ctid AS ref FROM outbox_events
   WHERE status IN ('pending', 'publishing', 'failed'){unordered}
     AND status IN ('pending', 'failed')
     AND (next_retry_at IS NULL OR next_retry_at <= now())
@@ -220,7 +221,7 @@ FROM outbox_events WHERE status = 'publishing' AND locked_by = 'floor-' || :clie
 UPDATE outbox_events SET status = 'publishing', claim_version = claim_version + 1,
   attempt_count = attempt_count + 1, locked_by = 'floor-' || :client_id::text,
   locked_until = now() + interval '30 seconds'
-WHERE id IN (SELECT id FROM abandoned UNION ALL SELECT id FROM waiting)
+WHERE ctid = ANY(ARRAY(SELECT ref FROM abandoned UNION ALL SELECT ref FROM waiting))
 RETURNING {", ".join(store.CLAIM_RETURNS)}, payload;
 {next_floor}UPDATE outbox_events SET status = 'published', published_at = now(), last_error = NULL,
   next_retry_at = NULL, locked_by = NULL, locked_until = NULL

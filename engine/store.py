@@ -146,11 +146,15 @@ def truncate_error(message: str) -> str:
 # PostgreSQL, FOR UPDATE SKIP LOCKED makes concurrent dispatchers take disjoint rows and
 # re-checks each locked row against its latest version. On SQLite the statement runs
 # inside BEGIN IMMEDIATE: the write lock makes it atomic across processes.
-_DUE = (
-    "e.status IN ('pending', 'failed') "
-    "AND (e.next_retry_at IS NULL OR e.next_retry_at <= :now) "
-    "AND (e.locked_until IS NULL OR e.locked_until < :now)"
-)
+def _due(alias: str) -> str:
+    return (
+        f"{alias}.status IN ('pending', 'failed') "
+        f"AND ({alias}.next_retry_at IS NULL OR {alias}.next_retry_at <= :now) "
+        f"AND ({alias}.locked_until IS NULL OR {alias}.locked_until < :now)"
+    )
+
+
+_DUE = _due("e")
 
 
 _UNFINISHED_KEYED = f"{KEYED_PREDICATE} AND {KEY_UNFINISHED_PREDICATE}"
@@ -184,16 +188,20 @@ def _key_walk_with_heads(unfinished: str) -> str:
     The first unfinished entry after key ``k`` in ``(ordering_key, seq)`` order is the
     next key's head, so one index scan per key replaces the two of ``_key_walk`` (the
     next key, then its first row): mid-drain, each probe also steps over the dead
-    entries of rows published since the last vacuum.
+    entries of rows published since the last vacuum. The step has the head's row in
+    hand, so it also says where the row is (``ctid``) and whether it is due: ``ordered``
+    then fetches only due heads, by row address, not again through the primary key. A
+    key in flight (another dispatcher's) costs its one probe and nothing more.
     """
-    return f"""keys(k, id, n) AS (
-    (SELECT ordering_key, id, 1 FROM outbox_events
+    head = f"ordering_key, ctid, {_due('w')}"
+    return f"""keys(k, head, due, n) AS (
+    (SELECT {head}, 1 FROM outbox_events AS w
      WHERE ordering_key > :key_cursor AND {unfinished}
      ORDER BY ordering_key, seq LIMIT 1)
     UNION ALL
-    SELECT next_head.ordering_key, next_head.id, keys.n + 1
+    SELECT next_head.ordering_key, next_head.ctid, next_head.due, keys.n + 1
     FROM keys CROSS JOIN LATERAL (
-        SELECT ordering_key, id FROM outbox_events
+        SELECT {head} AS due FROM outbox_events AS w
         WHERE ordering_key > keys.k AND {unfinished}
         ORDER BY ordering_key, seq LIMIT 1
     ) AS next_head
@@ -293,6 +301,7 @@ def _unordered_cte(dialect: str, limit: str, lock: str, scoped: bool, per_type: 
     walked (0: no served type has waiting rows). None walks the seq index.
     """
     table = _table_for(dialect)
+    ref = "ctid AS ref" if dialect == "postgresql" else "id AS ref"
     scope = f" AND {_scope_filter(dialect, 'e')}" if scoped else ""
     where = (
         f"{WAITING_PREDICATE} AND {UNORDERED_PREDICATE} AND e.seq >= :seq_floor "
@@ -302,21 +311,22 @@ def _unordered_cte(dialect: str, limit: str, lock: str, scoped: bool, per_type: 
         # No table at all: SQLite scans a whole index for "FROM outbox_events WHERE 1 = 0"
         # here (tests/engine/test_query_plans.py), the very walk over waiting rows of other
         # types that the ranges avoid.
-        return "unordered AS (SELECT CAST(NULL AS VARCHAR) AS id WHERE 1 = 0)"
+        nothing = "tid" if dialect == "postgresql" else "VARCHAR"
+        return f"unordered AS (SELECT CAST(NULL AS {nothing}) AS ref WHERE 1 = 0)"
     if per_type is None:
         return f"""unordered AS (
-    SELECT e.id FROM {table("waiting", "e")}
+    SELECT e.{ref} FROM {table("waiting", "e")}
     WHERE {where}
     ORDER BY e.seq LIMIT {limit}{lock}
 )"""
     ranges = "\n    UNION ALL ".join(
-        f"SELECT * FROM (SELECT e.id, e.seq FROM {table('waiting_type', 'e')} "
+        f"SELECT * FROM (SELECT e.{ref}, e.seq FROM {table('waiting_type', 'e')} "
         f"WHERE e.event_type = :type_{i} AND {where} "
         f"ORDER BY e.seq LIMIT {limit}{lock}) AS r{i}"
         for i in range(per_type)
     )
     return f"""unordered AS (
-    SELECT u.id FROM (
+    SELECT u.ref FROM (
     {ranges}
     ) AS u ORDER BY u.seq LIMIT {limit}
 )"""
@@ -329,6 +339,7 @@ def _claim_sql(
     table = _table_for(dialect)
     unfinished = _UNFINISHED_KEYED
     first, second = ("ordered", "unordered") if ordered_first else ("unordered", "ordered")
+    ref = "ctid AS ref" if dialect == "postgresql" else "id AS ref"
     limits = {first: ":batch", second: f"(:batch - (SELECT count(*) FROM {first}))"}
     scope = f" AND {_scope_filter(dialect, 'e')}" if scoped else ""
     in_flight = f"""(
@@ -337,45 +348,49 @@ def _claim_sql(
         LIMIT 1
     ) IS NULL"""
     if dialect == "postgresql":
-        ordered = f"""SELECT e.id FROM heads CROSS JOIN outbox_events AS e
-    WHERE e.id = heads.id AND NOT EXISTS (SELECT 1 FROM abandoned) AND {_DUE}{scope}
-    AND {in_flight}
+        ordered = f"""SELECT e.ctid AS ref FROM keys CROSS JOIN outbox_events AS e
+    WHERE keys.due AND e.ctid = keys.head AND NOT EXISTS (SELECT 1 FROM abandoned)
+    AND {_DUE}{scope} AND {in_flight}
     LIMIT {limits["ordered"]}{lock}"""
     else:
         # Each head looked up on its own, not joined: for the join SQLite builds a Bloom
         # filter over the table first, a walk over every row however few keys there are
         # (test_query_plans). Heads keep the walk's key order.
-        ordered = f"""SELECT heads.id FROM heads
+        ordered = f"""SELECT heads.id AS ref FROM heads
     WHERE NOT EXISTS (SELECT 1 FROM abandoned) AND EXISTS (
         SELECT 1 FROM outbox_events AS e
         WHERE e.id = heads.id AND {_DUE}{scope} AND {in_flight}
     )
     LIMIT {limits["ordered"]}"""
     picked = """(
-    SELECT id FROM abandoned
-    UNION ALL SELECT id FROM ordered
-    UNION ALL SELECT id FROM unordered
+    SELECT ref FROM abandoned
+    UNION ALL SELECT ref FROM ordered
+    UNION ALL SELECT ref FROM unordered
 )"""
-    # PostgreSQL: an array of the picked ids, so the update finds them through the primary
-    # key whatever the planner guesses of the CTEs' sizes (with IN it could choose to hash
-    # them against a scan of the whole table, in a generic plan).
-    claimed = f"= ANY(ARRAY{picked})" if dialect == "postgresql" else f"IN {picked}"
+    # PostgreSQL: an array of the picked rows' addresses (ctid), so the update fetches
+    # each row directly (a TID scan), not again through the primary key, whatever the
+    # planner guesses of the CTEs' sizes. Each part locked its rows (FOR UPDATE), so none
+    # moves before the update. A row that another transaction changed after this
+    # statement's snapshot and that is still due is locked at its new address, which the
+    # update cannot see: it is left as it is for the next claim, never claimed twice.
+    # SQLite: the heads of the walk's keys (PostgreSQL's walk found them as it went).
+    heads = (
+        ""
+        if dialect == "postgresql"
+        else "heads AS (\n    "
+        + _HEADS_OF_KEYS.format(key_order=table("key_order"), unfinished=unfinished)
+        + "\n),\n"
+    )
+    claimed = f"ctid = ANY(ARRAY{picked})" if dialect == "postgresql" else f"id IN {picked}"
     return f"""
 WITH RECURSIVE
 abandoned AS (
-    SELECT e.id FROM {table("lease_expiry", "e")}
+    SELECT e.{ref} FROM {table("lease_expiry", "e")}
     WHERE e.{LEASED_PREDICATE} AND e.locked_until < :now{scope}
     ORDER BY e.locked_until LIMIT 1{lock}
 ),
 {_key_walk_with_heads(unfinished) if dialect == "postgresql" else _key_walk(table, unfinished)},
-heads AS (
-    {
-        "SELECT id FROM keys"
-        if dialect == "postgresql"
-        else _HEADS_OF_KEYS.format(key_order=table("key_order"), unfinished=unfinished)
-    }
-),
-ordered AS (
+{heads}ordered AS (
     {ordered}
 ),
 {_unordered_cte(dialect, limits["unordered"], lock, scoped, per_type)}
@@ -385,7 +400,7 @@ UPDATE outbox_events SET
     locked_until = :locked_until,
     claim_version = claim_version + 1,
     attempt_count = attempt_count + 1
-WHERE id {claimed}
+WHERE {claimed}
 """
 
 
