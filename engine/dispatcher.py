@@ -223,6 +223,7 @@ class OutboxDispatcher:
         self._seq_floor = 0  # store.claim_batch's keyset floor, and when it last was 0
         self._floor_since = datetime.min.replace(tzinfo=UTC)
         self._ordered_first = True
+        self._ranges: tuple[str, ...] | None = None  # the claim's plan (store.claim_batch)
         self._prefetched: _Batch | None = None
         self._lost_ahead = 0  # rows claimed ahead that were taken over before hand-back
 
@@ -360,8 +361,9 @@ class OutboxDispatcher:
                 key_cursor=self._key_cursor,
                 seq_floor=self._seq_floor,
                 ordered_first=self._ordered_first,
+                ranges=self._ranges,
             )
-        self._seq_floor = batch.seq_floor
+        self._seq_floor, self._ranges = batch.seq_floor, batch.ranges
         # Unordered and ordered rows take turns at filling the batch first.
         self._key_cursor, self._ordered_first = batch.key_cursor, not self._ordered_first
         claimed = _Batch(claimed_at, batch.rows)

@@ -516,6 +516,8 @@ class ClaimedBatch:
     key_cursor: str
     # Where this dispatcher's next unordered claim may start (see claim_batch).
     seq_floor: int = 0
+    # The unordered part's plan, for the next claim from the floor (see claim_batch).
+    ranges: tuple[str, ...] | None = None
 
 
 async def claim_batch(
@@ -530,6 +532,7 @@ async def claim_batch(
     ordered_first: bool = True,
     walk_limit: int | None = None,
     scope: ClaimScope | None = None,
+    ranges: tuple[str, ...] | None = None,
 ) -> ClaimedBatch:
     """Claim up to ``batch_size`` due rows in one statement (see ``_claim_sql``).
 
@@ -556,6 +559,8 @@ async def claim_batch(
 
     ``scope`` (None: every row) limits the claim to the event types the dispatcher
     can deliver, without pauses; rows outside it are left untouched (ClaimScope).
+    ``ranges`` is the unordered part's plan a claim from a floor reuses: the returned
+    batch's ``ranges``, from the last claim (see _per_type_plan).
     """
     walk_limit = walk_limit or max(4 * batch_size, 100)
     dialect = conn.dialect.name
@@ -566,12 +571,8 @@ async def claim_batch(
         await conn.execute(_NO_JIT)
     if scope is not None and not scope.types:
         return ClaimedBatch([], key_cursor)  # serves nothing now (all paused): claim nothing
-    per_type = await _per_type_plan(conn, scope)
-    ranges = None if per_type is None else len(per_type)
-    stmt = _claim_statement(dialect, ordered_first, scope is not None, ranges)
-    params = {
+    common = {
         **(_scope_params(dialect, scope) if scope is not None else {}),
-        **{f"type_{i}": name for i, name in enumerate(per_type or ())},
         "now": now,
         "locked_until": now + lease,
         "dispatcher_id": dispatcher_id,
@@ -580,7 +581,28 @@ async def claim_batch(
     }
 
     async def claim_from(cursor: str, floor: int) -> list[ClaimedRow]:
-        values = {**params, "key_cursor": cursor, "seq_floor": floor}
+        # Only a claim from the first row plans the unordered part anew; one from a floor
+        # keeps the plan its dispatcher passed back (``ranges``). The plan's probe walks
+        # ix_outbox_events_waiting_type from its start, over the dead entries of every
+        # row claimed since the last vacuum: 3.6 ms a claim at 1,000,000 rows, a tenth
+        # of PostgreSQL's time in that drain. A served type that starts waiting while
+        # the plan reads ranges of others is read from the next claim from the first
+        # row, within SEQ_FLOOR_RESET, as rows below a floor are. The plan is only a
+        # route: each range still filters by the scope, so a pause holds at once.
+        nonlocal ranges
+        if floor == 0 or scope is None:
+            planned = await _per_type_plan(conn, scope)
+            ranges = None if planned is None else tuple(planned)
+        per_type = ranges
+        stmt = _claim_statement(
+            dialect, ordered_first, scope is not None, None if per_type is None else len(per_type)
+        )
+        values = {
+            **common,
+            **{f"type_{i}": name for i, name in enumerate(per_type or ())},
+            "key_cursor": cursor,
+            "seq_floor": floor,
+        }
         records: Iterable[Any]
         if dialect == "postgresql":
             records = await _fetch_on_driver(conn, stmt, values)
@@ -605,13 +627,14 @@ async def claim_batch(
     keys = [r.ordering_key for r in rows if r.ordering_key is not None]
     if keys and full:
         # the batch filled up: go on after its last key
-        return ClaimedBatch(rows, max(keys), next_floor)
+        return ClaimedBatch(rows, max(keys), next_floor, ranges)
     # The walk either reached the last key (start over next time) or stopped at its cap
     # among keys that are blocked or in flight (go on after the last key it saw).
     walk = {"key_cursor": key_cursor, "walk_limit": walk_limit}
     end = (await conn.execute(_walk_end_statement(conn.dialect.name), walk)).first()
     capped = end is not None and int(end.n) >= walk_limit
-    return ClaimedBatch(rows, str(end.k) if capped and end is not None else "", next_floor)
+    cursor = str(end.k) if capped and end is not None else ""
+    return ClaimedBatch(rows, cursor, next_floor, ranges)
 
 
 @dataclass(frozen=True, slots=True)

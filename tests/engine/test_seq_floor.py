@@ -13,6 +13,7 @@ from datetime import timedelta
 
 from engine import OutboxDispatcher, store
 from engine.backoff import BackoffPolicy
+from engine.schema import outbox_events
 
 from .conftest import rows
 from .test_relay_prefetch import publish
@@ -83,3 +84,37 @@ async def test_a_retry_below_the_floor_is_claimed_within_the_reset_while_a_backl
     assert timedelta(seconds=0.25 * (rounds - 1)) <= store.SEQ_FLOOR_RESET
     by_id = {r["id"]: r for r in await rows(db)}
     assert by_id[ids[0]]["status"] == "published"
+
+
+async def test_a_claim_from_the_floor_keeps_the_ranges_plan_and_each_range_still_honours_a_pause(
+    db, registry, clock
+):
+    """The plan (ranges per served type, while another type waits) is made by a claim from
+    the first row and reused from the floor; a pause made in between still holds."""
+    ids = await publish(db, registry, 6)
+    async with db.begin() as conn:  # two rows of a type this dispatcher does not serve
+        await conn.execute(
+            outbox_events.update()
+            .where(outbox_events.c.id.in_(ids[:2]))
+            .values(event_type="billing.charged")
+        )
+    tenant = (await rows(db))[0]["tenant_id"]
+    served = store.ClaimScope(frozenset({"orders.placed"}))
+    paused = store.ClaimScope(frozenset({"orders.placed"}), frozenset({("orders.placed", tenant)}))
+
+    async def claim_in(scope, *, floor, ranges):
+        async with db.begin() as conn:
+            return await store.claim_batch(
+                conn, dispatcher_id="d", batch_size=2, lease=LEASE, now=clock.now,
+                seq_floor=floor, scope=scope, ranges=ranges,
+            )
+
+    first = await claim_in(served, floor=0, ranges=None)
+    assert [r.event_id for r in first.rows] == ids[2:4]
+    assert first.ranges == ("orders.placed",)
+    held = await claim_in(paused, floor=first.seq_floor, ranges=first.ranges)
+    assert held.rows == []
+    going_on = await claim_in(served, floor=first.seq_floor, ranges=first.ranges)
+    assert [r.event_id for r in going_on.rows] == ids[4:6]
+    statuses = {r["id"]: r["status"] for r in await rows(db)}
+    assert [statuses[i] for i in ids[:2]] == ["pending", "pending"]
