@@ -49,6 +49,7 @@ async def _timed(
                 progress=ctx.progress(label, total),
                 limit=ctx.timeout,
                 cap=cap,
+                logged=fleet.calls_logged if handler_calls else None,
             )
             done = total if emptied else total - await remaining()
         codes = await fleet.stop()

@@ -184,6 +184,9 @@ class Fleet:
     workdir: Path
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     logs: list[Path] = field(default_factory=list)
+    # calls_logged's place in each call log: how far it has read, how many lines it found
+    _read_to: dict[Path, int] = field(default_factory=dict)
+    _lines: int = 0
 
     @property
     def sync_dir(self) -> Path:
@@ -213,6 +216,22 @@ class Fleet:
                 subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
             )
         self.logs.append(log)
+
+    def calls_logged(self) -> int:
+        """Handler calls logged so far (what is flushed), for the progress bar.
+
+        Reads only what the logs gained since the last call: a count of active rows
+        instead visits the whole backlog, and at 1,000,000 rows it took about 0.4 s of a
+        PostgreSQL backend once a second, beside the drain it was watching.
+        """
+        for path in self.calls_dir.glob("calls.*.tsv"):
+            start = self._read_to.get(path, 0)
+            with path.open("rb") as log:
+                log.seek(start)
+                chunk = log.read()
+            self._read_to[path] = start + len(chunk)
+            self._lines += chunk.count(b"\n")
+        return self._lines
 
     @property
     def pids(self) -> list[int]:
@@ -285,11 +304,13 @@ async def wait_until_empty(
     progress: Callable[[int], None],
     limit: float,
     cap: float | None = None,
+    logged: Callable[[], int] | None = None,
 ) -> tuple[float, bool]:
     """Poll ``empty`` every 50 ms; returns (perf_counter() then, whether it emptied).
 
-    Stops early, not emptied, after ``cap`` seconds. ``remaining`` (a count, dearer than
-    the existence check) feeds the progress bar about once a second.
+    Stops early, not emptied, after ``cap`` seconds. The progress bar, about once a
+    second, shows ``logged`` (the handler calls logged, Fleet.calls_logged) or else
+    ``total`` less ``remaining`` (a count, dearer than the existence check).
     """
     started = time.monotonic()
     next_count = 0.0
@@ -301,7 +322,7 @@ async def wait_until_empty(
         if cap is not None and now - started >= cap:
             return time.perf_counter(), False
         if now >= next_count:
-            progress(total - await remaining())
+            progress(min(total, logged()) if logged is not None else total - await remaining())
             next_count = now + 1.0
         if fleet is not None:
             fleet.check_alive()
