@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, select
+from sqlalchemy import Select, delete, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from engine.schema import PUBLISHED, handler_runs, outbox_events, process_heartbeats
@@ -27,20 +27,34 @@ t = outbox_events
 DEFAULT_BATCH_SIZE = 500
 
 
+def purge_candidates(older_than: datetime, batch_size: int) -> Select[tuple[str]]:
+    """The oldest published rows past the cut-off, through ix_outbox_events_published_at."""
+    return (
+        select(t.c.id)
+        .where(t.c.status == PUBLISHED, t.c.published_at <= older_than)
+        .order_by(t.c.published_at)
+        .limit(batch_size)
+    )
+
+
+# PostgreSQL, in the purge's transaction: never sort for the candidates. With statistics
+# from before a drain (every row pending), the planner takes "published" for one row and
+# reads it through (status, id) plus a sort, which visits every published row: 54 ms at
+# 300,000 of them, 223 ms a purge mid-way through a 1,000,000-event drain. Without a sort
+# only the published_at index gives the order, and it stops at the cut-off.
+PURGE_PLAN = text("SET LOCAL enable_sort = off")
+
+
 async def purge_published(
     engine: AsyncEngine, *, older_than: datetime, batch_size: int = DEFAULT_BATCH_SIZE
 ) -> int:
     """Delete up to ``batch_size`` rows published at or before ``older_than``; returns how many."""
     if batch_size < 1:
         raise ValueError("batch_size must be >= 1")
-    candidates = (
-        select(t.c.id)
-        .where(t.c.status == PUBLISHED, t.c.published_at <= older_than)
-        .order_by(t.c.published_at)
-        .limit(batch_size)
-    )
+    candidates = purge_candidates(older_than, batch_size)
     async with engine.begin() as conn:
         if conn.dialect.name == "postgresql":
+            await conn.execute(PURGE_PLAN)
             # Concurrent purgers (several dispatchers) take disjoint batches without waiting.
             candidates = candidates.with_for_update(skip_locked=True)
         ids = list((await conn.execute(candidates)).scalars())
