@@ -628,6 +628,10 @@ async def claim_batch(
     if keys and full:
         # the batch filled up: go on after its last key
         return ClaimedBatch(rows, max(keys), next_floor, ranges)
+    if full and not ordered_first:
+        # Unordered rows went first and filled the batch: the walk never ran (no room
+        # was left for heads), so it starts where it would have this time.
+        return ClaimedBatch(rows, key_cursor, next_floor, ranges)
     # The walk either reached the last key (start over next time) or stopped at its cap
     # among keys that are blocked or in flight (go on after the last key it saw).
     walk = {"key_cursor": key_cursor, "walk_limit": walk_limit}
