@@ -189,12 +189,12 @@ def floor_script(batch: int, *, order_by: str, unordered_only: bool) -> str:
 
     The claim is ``claim_batch`` for PostgreSQL word for word (an abandoned row first,
     else up to ``batch`` due rows, ``FOR UPDATE SKIP LOCKED``, the update finding them by
-    address, the columns it returns). The
-    completion is ``mark_published``'s fence (status, holder, lease) with the batch
-    picked by holder instead of by its (id, claim_version) list, which pgbench cannot
-    carry from one statement to the next. With ``seq`` ordering, each client keeps the
-    claim's keyset floor as a dispatcher does (``:seq_floor``, from ``-D seq_floor=0``):
-    after a full batch, the next claim starts after its last row; otherwise at 0.
+    address, the columns it returns). The completion is ``mark_published``'s fence
+    (status, holder, lease) with the batch picked by holder instead of by its (id,
+    claim_version) list, which pgbench cannot carry from one statement to the next.
+    With ``seq`` ordering, each client keeps the claim's keyset floor as a dispatcher
+    does (``:seq_floor``, from ``-D seq_floor=0``): after a full batch, the next claim
+    starts after its last row; otherwise at 0.
     """
     unordered = " AND ordering_key IS NULL" if unordered_only else ""
     keyset = order_by == "seq"

@@ -157,6 +157,12 @@ def _due(alias: str) -> str:
 _DUE = _due("e")
 
 
+def _ref(dialect: str) -> str:
+    """How each part of the claim names a row it picks: its address on PostgreSQL (the
+    update fetches it directly), its id on SQLite."""
+    return "ctid AS ref" if dialect == "postgresql" else "id AS ref"
+
+
 _UNFINISHED_KEYED = f"{KEYED_PREDICATE} AND {KEY_UNFINISHED_PREDICATE}"
 
 
@@ -301,7 +307,7 @@ def _unordered_cte(dialect: str, limit: str, lock: str, scoped: bool, per_type: 
     walked (0: no served type has waiting rows). None walks the seq index.
     """
     table = _table_for(dialect)
-    ref = "ctid AS ref" if dialect == "postgresql" else "id AS ref"
+    ref = _ref(dialect)
     scope = f" AND {_scope_filter(dialect, 'e')}" if scoped else ""
     where = (
         f"{WAITING_PREDICATE} AND {UNORDERED_PREDICATE} AND e.seq >= :seq_floor "
@@ -339,7 +345,7 @@ def _claim_sql(
     table = _table_for(dialect)
     unfinished = _UNFINISHED_KEYED
     first, second = ("ordered", "unordered") if ordered_first else ("unordered", "ordered")
-    ref = "ctid AS ref" if dialect == "postgresql" else "id AS ref"
+    ref = _ref(dialect)
     limits = {first: ":batch", second: f"(:batch - (SELECT count(*) FROM {first}))"}
     scope = f" AND {_scope_filter(dialect, 'e')}" if scoped else ""
     in_flight = f"""(
@@ -367,12 +373,6 @@ def _claim_sql(
     UNION ALL SELECT ref FROM ordered
     UNION ALL SELECT ref FROM unordered
 )"""
-    # PostgreSQL: an array of the picked rows' addresses (ctid), so the update fetches
-    # each row directly (a TID scan), not again through the primary key, whatever the
-    # planner guesses of the CTEs' sizes. Each part locked its rows (FOR UPDATE), so none
-    # moves before the update. A row that another transaction changed after this
-    # statement's snapshot and that is still due is locked at its new address, which the
-    # update cannot see: it is left as it is for the next claim, never claimed twice.
     # SQLite: the heads of the walk's keys (PostgreSQL's walk found them as it went).
     heads = (
         ""
@@ -381,6 +381,12 @@ def _claim_sql(
         + _HEADS_OF_KEYS.format(key_order=table("key_order"), unfinished=unfinished)
         + "\n),\n"
     )
+    # PostgreSQL: an array of the picked rows' addresses (ctid), so the update fetches
+    # each row directly (a TID scan), not again through the primary key, whatever the
+    # planner guesses of the CTEs' sizes. Each part locked its rows (FOR UPDATE), so none
+    # moves before the update. A row that another transaction changed after this
+    # statement's snapshot and that is still due is locked at its new address, which the
+    # update cannot see: it is left as it is for the next claim, never claimed twice.
     claimed = f"ctid = ANY(ARRAY{picked})" if dialect == "postgresql" else f"id IN {picked}"
     return f"""
 WITH RECURSIVE
@@ -593,13 +599,12 @@ async def claim_batch(
         if floor == 0 or scope is None:
             planned = await _per_type_plan(conn, scope)
             ranges = None if planned is None else tuple(planned)
-        per_type = ranges
         stmt = _claim_statement(
-            dialect, ordered_first, scope is not None, None if per_type is None else len(per_type)
+            dialect, ordered_first, scope is not None, None if ranges is None else len(ranges)
         )
         values = {
             **common,
-            **{f"type_{i}": name for i, name in enumerate(per_type or ())},
+            **{f"type_{i}": name for i, name in enumerate(ranges or ())},
             "key_cursor": cursor,
             "seq_floor": floor,
         }

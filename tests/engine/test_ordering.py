@@ -348,21 +348,22 @@ async def test_producers_that_lock_their_aggregate_write_a_key_in_commit_order(d
     assert (await row(db, id_a))["seq"] < (await row(db, id_b))["seq"]
 
 
+async def claim(db, clock, **kw):
+    """One claim_batch of dispatcher "d" in its own transaction."""
+    from engine import store
+
+    async with db.begin() as conn:
+        return await store.claim_batch(
+            conn, dispatcher_id="d", lease=timedelta(seconds=30), now=clock(), **kw
+        )
+
+
 async def test_a_claim_past_the_last_due_key_goes_round_instead_of_coming_up_empty(
     db, ordered, clock
 ):
-    from engine import store
-
     ids = await publish(db, ordered, ["a", "b"])
-    async with db.begin() as conn:  # the cursor is past both keys ("order:a", "order:b")
-        batch = await store.claim_batch(
-            conn,
-            dispatcher_id="d",
-            batch_size=10,
-            lease=timedelta(seconds=30),
-            now=clock(),
-            key_cursor="order:z",
-        )
+    # the cursor is past both keys ("order:a", "order:b")
+    batch = await claim(db, clock, batch_size=10, key_cursor="order:z")
     assert sorted(r.event_id for r in batch.rows) == sorted(ids)
     assert batch.key_cursor == ""
 
@@ -370,20 +371,9 @@ async def test_a_claim_past_the_last_due_key_goes_round_instead_of_coming_up_emp
 async def test_a_batch_filled_by_unordered_rows_first_keeps_the_key_cursor(db, registry, clock):
     """The walk over keys never ran (no room was left for heads), so the next one starts
     where this one would have, not over from the first key."""
-    from engine import store
-
     unordered = await publish(db, registry, ["u1", "u2", "u3"])
     await publish(db, registry, ["a"], ordering_key="k:a")
     await publish(db, registry, ["b"], ordering_key="k:b")
-    async with db.begin() as conn:
-        batch = await store.claim_batch(
-            conn,
-            dispatcher_id="d",
-            batch_size=3,
-            lease=timedelta(seconds=30),
-            now=clock(),
-            key_cursor="k:a",
-            ordered_first=False,
-        )
+    batch = await claim(db, clock, batch_size=3, key_cursor="k:a", ordered_first=False)
     assert sorted(r.event_id for r in batch.rows) == sorted(unordered)
     assert batch.key_cursor == "k:a"
