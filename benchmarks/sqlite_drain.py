@@ -182,7 +182,7 @@ async def drain_floor(url: str, batch_size: int, sync_dir: str | None) -> int:
             await conn.exec_driver_sql("SELECT 1")
         if sync_dir:
             wait_for_go(sync_dir)
-        total, cursor, ordered_first = 0, "", True
+        total, cursor, include_cursor_key, ordered_first = 0, "", False, True
         while True:
             async with engine.begin() as conn:
                 batch = await store.claim_batch(
@@ -192,9 +192,11 @@ async def drain_floor(url: str, batch_size: int, sync_dir: str | None) -> int:
                     lease=LEASE,
                     now=utc_now(),
                     key_cursor=cursor,
+                    include_cursor_key=include_cursor_key,
                     ordered_first=ordered_first,
                 )
-            cursor, ordered_first = batch.key_cursor, not ordered_first
+            cursor, include_cursor_key = batch.key_cursor, batch.include_cursor_key
+            ordered_first = not ordered_first
             if not batch.rows:
                 return total
             claims = [(row.event_id, row.claim_version) for row in batch.rows]

@@ -220,6 +220,7 @@ class OutboxDispatcher:
             external_publisher is not None or engine.dialect.name != "sqlite"
         )
         self._key_cursor = ""
+        self._include_cursor_key = False
         self._seq_floor = 0  # store.claim_batch's keyset floor, and when it last was 0
         self._floor_since = datetime.min.replace(tzinfo=UTC)
         self._ordered_first = True
@@ -359,13 +360,15 @@ class OutboxDispatcher:
                 lease=self.lease,
                 now=claimed_at,
                 key_cursor=self._key_cursor,
+                include_cursor_key=self._include_cursor_key,
                 seq_floor=self._seq_floor,
                 ordered_first=self._ordered_first,
                 ranges=self._ranges,
             )
         self._seq_floor, self._ranges = batch.seq_floor, batch.ranges
         # Unordered and ordered rows take turns at filling the batch first.
-        self._key_cursor, self._ordered_first = batch.key_cursor, not self._ordered_first
+        self._key_cursor, self._include_cursor_key = batch.key_cursor, batch.include_cursor_key
+        self._ordered_first = not self._ordered_first
         claimed = _Batch(claimed_at, batch.rows)
         for row in batch.rows:
             envelope, problem = self._decode(row)

@@ -176,11 +176,16 @@ def _table_for(dialect: str) -> Callable[..., str]:
     return table
 
 
-def _key_walk(table: Callable[..., str], unfinished: str) -> str:
-    """Distinct keys with unfinished rows after ``:key_cursor``: at most ``:walk_limit``."""
+def _from_cursor(include_cursor_key: bool) -> str:
+    """Where a walk starts: at the keys after ``:key_cursor``, or at that key itself."""
+    return "ordering_key >= :key_cursor" if include_cursor_key else "ordering_key > :key_cursor"
+
+
+def _key_walk(table: Callable[..., str], unfinished: str, include_cursor_key: bool) -> str:
+    """Distinct keys with unfinished rows from ``:key_cursor`` on: at most ``:walk_limit``."""
     return f"""keys(k, n) AS (
     SELECT min(ordering_key), 1 FROM {table("key_order")}
-    WHERE ordering_key > :key_cursor AND {unfinished}
+    WHERE {_from_cursor(include_cursor_key)} AND {unfinished}
     UNION ALL
     SELECT (SELECT min(ordering_key) FROM {table("key_order")}
             WHERE ordering_key > keys.k AND {unfinished}), keys.n + 1
@@ -188,7 +193,7 @@ def _key_walk(table: Callable[..., str], unfinished: str) -> str:
 )"""
 
 
-def _key_walk_with_heads(unfinished: str) -> str:
+def _key_walk_with_heads(unfinished: str, include_cursor_key: bool) -> str:
     """PostgreSQL's walk: each step's one probe finds the next key and its head at once.
 
     The first unfinished entry after key ``k`` in ``(ordering_key, seq)`` order is the
@@ -202,7 +207,7 @@ def _key_walk_with_heads(unfinished: str) -> str:
     head = f"ordering_key, ctid, {_due('w')}"
     return f"""keys(k, head, due, n) AS (
     (SELECT {head}, 1 FROM outbox_events AS w
-     WHERE ordering_key > :key_cursor AND {unfinished}
+     WHERE {_from_cursor(include_cursor_key)} AND {unfinished}
      ORDER BY ordering_key, seq LIMIT 1)
     UNION ALL
     SELECT next_head.ordering_key, next_head.ctid, next_head.due, keys.n + 1
@@ -226,12 +231,31 @@ _NO_JIT = text("SET LOCAL jit = off")
 
 
 @functools.cache
-def _walk_end_statement(dialect: str) -> TextClause:
+def _walk_end_statement(dialect: str, include_cursor_key: bool) -> TextClause:
     """The last key a capped walk from ``:key_cursor`` reaches, and how many it saw."""
-    walk = _key_walk(_table_for(dialect), _UNFINISHED_KEYED)
+    walk = _key_walk(_table_for(dialect), _UNFINISHED_KEYED, include_cursor_key)
     return text(
         f"WITH RECURSIVE {walk} SELECT k, n FROM keys WHERE k IS NOT NULL ORDER BY n DESC LIMIT 1"
     )
+
+
+@functools.cache
+def _keys_passed_statement(dialect: str) -> TextClause:
+    """Whether a key with unfinished rows lies after ``:after`` or before ``:before``: one
+    probe each into ix_outbox_events_key_order.
+
+    In key order, so through that index: for a bare EXISTS PostgreSQL's planner chose a
+    sequential scan, expecting a match at once, and read every published row first.
+    """
+    table = _table_for(dialect)("key_order")
+
+    def first(where: str) -> str:
+        return (
+            f"(SELECT ordering_key FROM {table} WHERE {where} AND {_UNFINISHED_KEYED} "
+            "ORDER BY ordering_key LIMIT 1) IS NOT NULL"
+        )
+
+    return text(f"SELECT {first('ordering_key > :after')} OR {first('ordering_key < :before')}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,7 +363,11 @@ def _unordered_cte(dialect: str, limit: str, lock: str, scoped: bool, per_type: 
 
 
 def _claim_sql(
-    dialect: str, ordered_first: bool, scoped: bool = False, per_type: int | None = None
+    dialect: str,
+    ordered_first: bool,
+    scoped: bool = False,
+    per_type: int | None = None,
+    include_cursor_key: bool = False,
 ) -> str:
     lock = " FOR UPDATE OF e SKIP LOCKED" if dialect == "postgresql" else ""
     table = _table_for(dialect)
@@ -388,6 +416,11 @@ def _claim_sql(
     # statement's snapshot and that is still due is locked at its new address, which the
     # update cannot see: it is left as it is for the next claim, never claimed twice.
     claimed = f"ctid = ANY(ARRAY{picked})" if dialect == "postgresql" else f"id IN {picked}"
+    walk = (
+        _key_walk_with_heads(unfinished, include_cursor_key)
+        if dialect == "postgresql"
+        else _key_walk(table, unfinished, include_cursor_key)
+    )
     return f"""
 WITH RECURSIVE
 abandoned AS (
@@ -395,7 +428,7 @@ abandoned AS (
     WHERE e.{LEASED_PREDICATE} AND e.locked_until < :now{scope}
     ORDER BY e.locked_until LIMIT 1{lock}
 ),
-{_key_walk_with_heads(unfinished) if dialect == "postgresql" else _key_walk(table, unfinished)},
+{walk},
 {heads}ordered AS (
     {ordered}
 ),
@@ -434,7 +467,11 @@ CLAIM_RETURNS = (
 
 @functools.cache
 def _claim_statement(
-    dialect: str, ordered_first: bool, scoped: bool = False, per_type: int | None = None
+    dialect: str,
+    ordered_first: bool,
+    scoped: bool = False,
+    per_type: int | None = None,
+    include_cursor_key: bool = False,
 ) -> TextualSelect:
     returned = [t.c[name] for name in CLAIM_RETURNS]
     returning = ", ".join(c.name for c in returned) + ", payload"
@@ -450,7 +487,11 @@ def _claim_statement(
                 bindparam("scope_pairs", type_=ARRAY(Text)),
             ]
     return (
-        text(_claim_sql(dialect, ordered_first, scoped, per_type) + "RETURNING " + returning)
+        text(
+            _claim_sql(dialect, ordered_first, scoped, per_type, include_cursor_key)
+            + "RETURNING "
+            + returning
+        )
         .bindparams(*params)
         .columns(*returned, column("payload", Text))
     )
@@ -524,6 +565,8 @@ class ClaimedBatch:
     seq_floor: int = 0
     # The unordered part's plan, for the next claim from the floor (see claim_batch).
     ranges: tuple[str, ...] | None = None
+    # The next walk starts at the cursor's key itself, not after it (see claim_batch).
+    include_cursor_key: bool = False
 
 
 async def claim_batch(
@@ -534,6 +577,7 @@ async def claim_batch(
     lease: timedelta,
     now: datetime,
     key_cursor: str = "",
+    include_cursor_key: bool = False,
     seq_floor: int = 0,
     ordered_first: bool = True,
     walk_limit: int | None = None,
@@ -548,10 +592,19 @@ async def claim_batch(
 
     Ordered rows are heads of their keys only, at most one per key, and only
     while no other row of the key is in flight. ``key_cursor`` is where the walk
-    over keys starts (keys after it); the returned cursor continues the walk
-    next time, or starts over when this walk reached the last key. A walk visits
-    at most ``walk_limit`` keys (default: 4 x batch, at least 100), so many blocked
-    keys cost bounded work per claim.
+    over keys starts (keys after it, or from it with ``include_cursor_key``); the
+    returned cursor continues the walk next time, or starts over when this walk
+    reached the last key. A walk visits at most ``walk_limit`` keys (default: 4 x
+    batch, at least 100), so many blocked keys cost bounded work per claim.
+
+    A claim that found no key due after its cursor went round from the first key. If
+    it had to pass keys it could not take (after the cursor, or before the keys it
+    took), those are in flight with other dispatchers or blocked, and most likely
+    still are when this dispatcher claims next: the next walk starts at this batch's
+    first key, whose events are the ones it is free to take, instead of walking the
+    others' keys once more and going round again. Only the claim right after such a
+    one: that claim goes on after its last key as usual, so every key is still
+    reached within a lap plus one batch.
 
     ``seq_floor`` (a keyset floor) starts the unordered part at that ``seq``: a
     dispatcher that claimed a full batch goes on after its last unordered row instead of
@@ -586,7 +639,7 @@ async def claim_batch(
         "walk_limit": walk_limit,
     }
 
-    async def claim_from(cursor: str, floor: int) -> list[ClaimedRow]:
+    async def claim_from(cursor: str, floor: int, include_cursor: bool) -> list[ClaimedRow]:
         # Only a claim from the first row plans the unordered part anew; one from a floor
         # keeps the plan its dispatcher passed back (``ranges``). The plan's probe walks
         # ix_outbox_events_waiting_type from its start, over the dead entries of every
@@ -600,7 +653,11 @@ async def claim_batch(
             planned = await _per_type_plan(conn, scope)
             ranges = None if planned is None else tuple(planned)
         stmt = _claim_statement(
-            dialect, ordered_first, scope is not None, None if ranges is None else len(ranges)
+            dialect,
+            ordered_first,
+            scope is not None,
+            None if ranges is None else len(ranges),
+            include_cursor,
         )
         values = {
             **common,
@@ -616,13 +673,15 @@ async def claim_batch(
         # The row's own mapping (no copy per row): read-only, as ClaimedRow needs.
         return [ClaimedRow(values=row, raw_payload=row["payload"]) for row in records]
 
-    rows = await claim_from(key_cursor, seq_floor)
+    rows = await claim_from(key_cursor, seq_floor, include_cursor_key)
+    went_round_from = None  # the key cursor of a claim that found nothing after it
     if not rows and (key_cursor or seq_floor):
         # Nothing due after the cursor or the floor: go round from the first key and the
         # first row now, in the same transaction, rather than report an empty round (the
         # run loop would sleep on it).
-        key_cursor, seq_floor = "", 0
-        rows = await claim_from(key_cursor, seq_floor)
+        went_round_from = key_cursor or None
+        key_cursor, include_cursor_key, seq_floor = "", False, 0
+        rows = await claim_from(key_cursor, seq_floor, include_cursor_key)
     rows.sort(key=lambda r: r.seq)
     full = len(rows) >= batch_size
     unordered = [r.seq for r in rows if r.ordering_key is None]
@@ -631,16 +690,24 @@ async def claim_batch(
     next_floor = (max(unordered) + 1 if unordered else seq_floor) if full else 0
     keys = [r.ordering_key for r in rows if r.ordering_key is not None]
     if keys and full:
+        # Python's string order, not the database's collation: only where the next walk
+        # starts, never which rows it may take.
+        first, last = min(keys), max(keys)
+        if went_round_from is not None:
+            passed = {"after": max(went_round_from, last), "before": first}
+            if (await conn.execute(_keys_passed_statement(dialect), passed)).scalar():
+                return ClaimedBatch(rows, first, next_floor, ranges, include_cursor_key=True)
         # the batch filled up: go on after its last key
-        return ClaimedBatch(rows, max(keys), next_floor, ranges)
+        return ClaimedBatch(rows, last, next_floor, ranges)
     if full and not ordered_first:
         # Unordered rows went first and filled the batch: the walk never ran (no room
         # was left for heads), so it starts where it would have this time.
-        return ClaimedBatch(rows, key_cursor, next_floor, ranges)
+        return ClaimedBatch(rows, key_cursor, next_floor, ranges, include_cursor_key)
     # The walk either reached the last key (start over next time) or stopped at its cap
     # among keys that are blocked or in flight (go on after the last key it saw).
     walk = {"key_cursor": key_cursor, "walk_limit": walk_limit}
-    end = (await conn.execute(_walk_end_statement(conn.dialect.name), walk)).first()
+    walk_end = _walk_end_statement(dialect, include_cursor_key)
+    end = (await conn.execute(walk_end, walk)).first()
     capped = end is not None and int(end.n) >= walk_limit
     cursor = str(end.k) if capped and end is not None else ""
     return ClaimedBatch(rows, cursor, next_floor, ranges)

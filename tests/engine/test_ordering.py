@@ -348,14 +348,67 @@ async def test_producers_that_lock_their_aggregate_write_a_key_in_commit_order(d
     assert (await row(db, id_a))["seq"] < (await row(db, id_b))["seq"]
 
 
-async def claim(db, clock, **kw):
-    """One claim_batch of dispatcher "d" in its own transaction."""
+async def claim(db, clock, dispatcher_id="d", **kw):
+    """One claim_batch of ``dispatcher_id`` in its own transaction."""
     from engine import store
 
     async with db.begin() as conn:
         return await store.claim_batch(
-            conn, dispatcher_id="d", lease=timedelta(seconds=30), now=clock(), **kw
+            conn, dispatcher_id=dispatcher_id, lease=timedelta(seconds=30), now=clock(), **kw
         )
+
+
+async def complete(db, clock, batch, dispatcher_id="d"):
+    """Mark every row of ``batch`` published, as its dispatcher would."""
+    from engine import store
+
+    claims = [(r.event_id, r.claim_version) for r in batch.rows]
+    async with db.begin() as conn:
+        done = await store.mark_published(conn, claims, store.Fence(dispatcher_id, clock()))
+    assert len(done) == len(claims)
+
+
+def keys_of(batch):
+    return sorted(r.ordering_key for r in batch.rows)
+
+
+async def test_after_going_round_past_keys_another_dispatcher_holds_the_next_walk_starts_at_its_own(
+    db, ordered, clock
+):
+    """Two dispatchers split four keys. When x comes back for more, the keys after its
+    cursor are y's, in flight: it goes round to its own. Its next walk starts at its own
+    keys again instead of walking y's once more first; the one after goes on as usual."""
+    await publish(db, ordered, ["a", "b", "c", "d"] * 3)
+    x = await claim(db, clock, "x", batch_size=2)
+    assert keys_of(x) == ["order:a", "order:b"]
+    y = await claim(db, clock, "y", batch_size=2)
+    assert keys_of(y) == ["order:c", "order:d"]
+    await complete(db, clock, x, "x")
+    x = await claim(db, clock, "x", batch_size=2, key_cursor=x.key_cursor)
+    assert keys_of(x) == ["order:a", "order:b"]  # went round past y's keys
+    assert (x.key_cursor, x.include_cursor_key) == ("order:a", True)
+    await complete(db, clock, x, "x")
+    x = await claim(
+        db, clock, "x", batch_size=2, key_cursor=x.key_cursor, include_cursor_key=True
+    )
+    assert keys_of(x) == ["order:a", "order:b"]
+    assert (x.key_cursor, x.include_cursor_key) == ("order:b", False)  # a lap as usual next
+
+
+async def test_one_dispatcher_at_the_end_of_its_lap_goes_on_round_robin(db, ordered, clock):
+    """Nothing after the cursor because the walk reached the last key is not another
+    dispatcher's keys: the next claim goes on after the batch, every key in turn."""
+    await publish(db, ordered, ["a", "b", "c", "d"] * 3)
+    taken, cursor, include = [], "", False
+    for _ in range(4):
+        batch = await claim(
+            db, clock, batch_size=2, key_cursor=cursor, include_cursor_key=include
+        )
+        taken.append(keys_of(batch))
+        cursor, include = batch.key_cursor, batch.include_cursor_key
+        await complete(db, clock, batch)
+    ab, cd = ["order:a", "order:b"], ["order:c", "order:d"]
+    assert taken == [ab, cd, ab, cd]
 
 
 async def test_a_claim_past_the_last_due_key_goes_round_instead_of_coming_up_empty(
