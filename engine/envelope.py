@@ -50,24 +50,30 @@ class EventEnvelope:
         return self.attempt_count <= 1
 
     def task_context(self) -> TaskContext:
-        """The context a handler of this event runs in."""
+        """The context a handler of this event runs in (as the three properties give it)."""
+        get = self.payload.get  # once per delivered event: no property calls
+        actor, request, trace = get("actor_id"), get("request_id"), get("trace_id")
         return TaskContext(
-            self.tenant_id, self.actor_id or "", self.request_id or "", self.trace_id
+            self.tenant_id,
+            "" if actor is None else str(actor),
+            "" if request is None else str(request),
+            None if trace is None else str(trace),
         )
 
     @classmethod
     def from_row(cls, row: Mapping[Any, Any], payload: Any = _FROM_ROW) -> EventEnvelope:
         """Build from an ``outbox_events`` row mapping (``payload``: already decoded).
 
-        Positional, in field order: once per delivered event, and binding thirteen
-        fields by keyword cost about a sixth more (33.7k against 27.9k instructions a
-        call, callgrind).
+        Once per delivered event, so the fields are set straight into their slots
+        (``_SLOT_SETTERS``) instead of through the frozen dataclass's ``__init__``, which
+        sets each of the thirteen through ``object.__setattr__``: 1.4 against 2.3 µs a
+        call. The result is the same object ``cls(...)`` makes (a test holds them equal).
         """
         if payload is _FROM_ROW:
             payload = row["payload"]
-        if not isinstance(payload, Mapping):
+        if type(payload) is not dict and not isinstance(payload, Mapping):
             raise TypeError(f"payload is {type(payload).__name__}, not a JSON object")
-        return cls(
+        values: tuple[Any, ...] = (
             row["id"],
             row["tenant_id"],
             row["event_type"],
@@ -82,3 +88,16 @@ class EventEnvelope:
             int(row.get("replay_count") or 0),
             {},
         )
+        if cls is not EventEnvelope:  # a subclass may have fields of its own
+            return cls(*values)
+        envelope = _new(cls)
+        for set_slot, value in zip(_SLOT_SETTERS, values, strict=True):
+            set_slot(envelope, value)
+        return envelope
+
+
+_new = object.__new__
+# Each field's slot descriptor's __set__, in field order: what from_row fills.
+_SLOT_SETTERS = tuple(
+    EventEnvelope.__dict__[name].__set__ for name in EventEnvelope.__dataclass_fields__
+)

@@ -106,6 +106,21 @@ class ClaimedRow:
         judged on its own, so one bad row never breaks the batch it was claimed with.
         """
         values = self.values
+        # Every delivered row passes through here: the common case is one expression
+        # (about half the time of the loops below, which name the bad column).
+        if (
+            type(values["event_version"]) is int
+            and type(values["attempt_count"]) is int
+            and type(values["replay_count"]) is int
+            and type(max_attempts := values["max_attempts"]) is int
+            and max_attempts >= 1
+            and values["created_at"] is not None
+            and type(values["tenant_id"]) is str
+            and type(values["event_type"]) is str
+            and type(values["aggregate_type"]) is str
+            and type(values["aggregate_id"]) is str
+        ):
+            return None
         for name in ("event_version", "max_attempts", "attempt_count", "replay_count"):
             if type(values[name]) is not int:
                 return f"corrupt row: column {name} is {values[name]!r}, not an integer"
@@ -122,9 +137,36 @@ class ClaimedRow:
 
     def decoded_payload(self) -> Any:
         """The payload, decoded here so one corrupt row cannot break a whole batch."""
-        if isinstance(self.raw_payload, str | bytes):
-            return json.loads(self.raw_payload)
-        return self.raw_payload
+        raw = self.raw_payload
+        if type(raw) is str:
+            return decode_json(raw)
+        if isinstance(raw, str | bytes):
+            return json.loads(raw)
+        return raw
+
+
+_DECODER = json.JSONDecoder()
+# The C scanner json.loads ends in. json.loads itself first checks the argument's type
+# and matches leading and trailing white space with two regular expressions: for a
+# payload of 80 bytes 1.5 µs, against 0.6 µs for the scan, on every delivered event.
+_SCAN = getattr(_DECODER, "scan_once", None)
+
+
+def decode_json(text: str) -> Any:
+    """``json.loads(text)``, by the scanner alone when the text is one bare JSON value.
+
+    Anything else (white space around it, trailing data, an error) goes to
+    ``json.loads``, so what is accepted and every error message stay its own.
+    """
+    if _SCAN is not None:
+        try:
+            value, end = _SCAN(text, 0)
+        except (StopIteration, ValueError):
+            pass
+        else:
+            if end == len(text):
+                return value
+    return json.loads(text)
 
 
 def truncate_error(message: str) -> str:

@@ -150,3 +150,113 @@ def test_libpq_sslmode_becomes_asyncpg_ssl_and_bad_ports_are_url_errors():
     with pytest.raises(DatabaseUrlError, match="invalid database URL") as err:
         parse_database_url("postgresql://u:s3cret@h:abc/db")
     assert "s3cret" not in str(err.value)
+
+
+def _loads_outcome(decode, text):
+    try:
+        return "ok", decode(text)
+    except ValueError as exc:
+        return "error", str(exc)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    value=JSON_VALUES,
+    before=st.sampled_from(["", " ", "\n\t"]),
+    after=st.sampled_from(["", " ", "\n", "x", "]", "{}", ' "z"']),
+)
+def test_the_payload_decoder_accepts_and_refuses_exactly_what_json_loads_does(value, before, after):
+    """decode_json takes the scanner's short cut only for one bare value; white space
+    around it, trailing data and every error end in json.loads, message and all."""
+    import json
+
+    from engine.store import decode_json
+
+    text = before + json.dumps(value) + after
+    ours, theirs = _loads_outcome(decode_json, text), _loads_outcome(json.loads, text)
+    assert ours[0] == theirs[0]
+    assert json.dumps(ours[1]) == json.dumps(theirs[1])
+
+
+@settings(deadline=None)
+@given(text=st.text(max_size=40))
+def test_the_payload_decoder_agrees_with_json_loads_on_any_text(text):
+    import json
+
+    from engine.store import decode_json
+
+    ours, theirs = _loads_outcome(decode_json, text), _loads_outcome(json.loads, text)
+    assert ours[0] == theirs[0]
+    assert json.dumps(ours[1]) == json.dumps(theirs[1])
+
+
+def _row(**changes):
+    from datetime import UTC, datetime
+
+    row = {
+        "id": "0193f2c4-0000-7000-8000-000000000001",
+        "tenant_id": "acme",
+        "event_type": "orders.placed",
+        "event_version": 2,
+        "aggregate_type": "order",
+        "aggregate_id": "o-1",
+        "ordering_key": None,
+        "seq": 7,
+        "claim_version": 3,
+        "attempt_count": 2,
+        "max_attempts": 5,
+        "replay_count": 1,
+        "created_at": datetime(2026, 12, 3, 12, 0, tzinfo=UTC),
+        "payload": '{"tenant_id": "acme"}',
+    }
+    row.update(changes)
+    return row
+
+
+def test_an_envelope_from_a_row_is_the_one_its_constructor_makes():
+    from dataclasses import replace
+
+    from engine import TaskContext
+    from engine.envelope import EventEnvelope
+
+    row, payload = _row(), {"tenant_id": "acme", "actor_id": 7, "trace_id": "t"}
+    built = EventEnvelope.from_row(row, payload)
+    made = EventEnvelope(
+        row["id"], "acme", "orders.placed", 2, "order", "o-1", payload, row["created_at"]
+    )
+    assert built == replace(made, attempt_count=2, max_attempts=5, claim_version=3, replay_count=1)
+    assert type(built) is EventEnvelope and hash(built.event_id)
+    with pytest.raises(AttributeError):
+        built.attempt_count = 9  # type: ignore[misc]  # still frozen
+    context = built.task_context()
+    assert context == TaskContext("acme", "7", "", "t")
+
+    class Traced(EventEnvelope):
+        __slots__ = ()
+
+    assert type(Traced.from_row(row, payload)) is Traced
+    with pytest.raises(TypeError, match="not a JSON object"):
+        EventEnvelope.from_row(row, ["not", "a", "mapping"])
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [
+        ("event_version", "2"),
+        ("event_version", True),
+        ("attempt_count", 2.0),
+        ("replay_count", None),
+        ("max_attempts", 0),
+        ("created_at", None),
+        ("tenant_id", 1),
+        ("event_type", None),
+        ("aggregate_type", b"order"),
+        ("aggregate_id", 5),
+    ],
+)
+def test_a_corrupt_row_is_named_by_its_column_and_a_sound_one_passes(column, value):
+    from engine.store import ClaimedRow
+
+    assert ClaimedRow(_row(), "{}").problem() is None
+    problem = ClaimedRow(_row(**{column: value}), "{}").problem()
+    assert problem is not None and problem.startswith(f"corrupt row: column {column} ")
