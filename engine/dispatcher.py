@@ -43,7 +43,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from engine import pauses, store
 from engine.backoff import BackoffPolicy
 from engine.clock import Clock, utc_now
-from engine.context import HandlerInvocation, _handler_invocation, _task_context
+from engine.context import _handler_invocation, _task_context
 from engine.database import read_only_engine
 from engine.envelope import EventEnvelope
 from engine.errors import ConfigurationError, EventHandlerPermanentError, EventValidationError
@@ -570,13 +570,14 @@ class OutboxDispatcher:
         worker: asyncio.Task[None] | None,
     ) -> tuple[_Outcome, list[HandlerRunRecord]]:
         records: list[HandlerRunRecord] = []
-        context_token = _task_context.set(envelope.task_context())
+        context_token = _task_context.set(envelope)  # its TaskContext, when asked for
         try:
             for registered in self.registry.handlers_for(envelope.event_type):
                 if (envelope.event_id, registered.key) in done:
                     continue  # already succeeded on an earlier delivery
-                invocation = HandlerInvocation(envelope, registered.key, self.idempotency)
-                handler_token = _handler_invocation.set(invocation)
+                handler_token = _handler_invocation.set(
+                    (envelope, registered.key, self.idempotency)
+                )
                 try:
                     await timeouts.run(registered.handler(envelope), worker)
                 except EventHandlerPermanentError as exc:

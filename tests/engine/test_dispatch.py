@@ -71,6 +71,33 @@ async def test_task_context_and_trace_id_reach_the_handler(db, registry, clock):
     assert current_task_context() is None  # not leaked out of the handler
 
 
+async def test_inside_a_handler_a_unit_of_work_context_wins_and_the_handler_is_known(
+    db, registry, clock
+):
+    """The dispatcher's context and handler are built on demand; a unit of work the
+    handler opens with a context of its own still overrides it while it is open."""
+    from engine import TaskContext
+    from engine.context import current_handler
+
+    other = TaskContext("acme", "job-runner", "req-9")
+    seen = []
+
+    @registry.handler("orders.placed", key="orders.nested")
+    async def nested(envelope):
+        invocation = current_handler()
+        seen.append((invocation.envelope, invocation.handler_key, current_task_context()))
+        async with unit_of_work(db, registry=registry, context=other):
+            seen.append(current_task_context())
+        seen.append(current_task_context())
+
+    [event_id] = await publish(db, registry)
+    await OutboxDispatcher(db, registry, clock=clock).dispatch_once()
+    (envelope, key, inside), in_unit, after = seen
+    assert (envelope.event_id, key, inside) == (event_id, "orders.nested", CTX)
+    assert (in_unit, after) == (other, CTX)
+    assert current_handler() is None and current_task_context() is None
+
+
 async def test_transient_failures_follow_backoff_then_dead_letter(db, registry, clock):
     calls = []
 
