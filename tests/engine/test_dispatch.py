@@ -350,6 +350,28 @@ async def test_handler_that_succeeded_is_skipped_when_the_event_is_retried(db, r
     assert calls == {"first": 1, "second": 2}
 
 
+async def test_a_handler_that_succeeded_under_a_lost_lease_is_skipped_on_redelivery(
+    db, registry, clock
+):
+    """Its completion is refused (the lease ran out mid-handler, nobody took the row over),
+    yet the handler's success is recorded: the next delivery skips it."""
+    calls = Counter()
+
+    @registry.handler("orders.placed", key="orders.slow_success")
+    async def slow_success(envelope):
+        calls[envelope.attempt_count] += 1
+        if envelope.attempt_count == 1:
+            clock.advance(31)  # past the 30 s lease
+
+    [event_id] = await publish(db, registry)
+    dispatcher = OutboxDispatcher(db, registry, clock=clock, lease_seconds=30)
+    assert await dispatcher.dispatch_once() == DispatchResult(claimed=1, lost_leases=1)
+    assert (await row(db, event_id))["status"] == "publishing"
+    clock.advance(1)
+    assert await dispatcher.dispatch_once() == DispatchResult(claimed=1, published=1)
+    assert calls == {1: 1}  # the second delivery skipped the handler that had succeeded
+
+
 async def test_external_publisher_outcomes_and_unattempted_rows_keep_their_budget(
     db, registry, clock
 ):
