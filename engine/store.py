@@ -324,19 +324,25 @@ _PER_TYPE_LIMIT = 16
 _PAIR_SEPARATOR = 31  # ASCII unit separator: cannot occur in a type name someone types
 
 
-def _scope_filter(dialect: str, alias: str) -> str:
-    """SQL that admits a row of ``alias`` only within the claim scope (see ClaimScope)."""
+def _scope_filter(dialect: str, alias: str, paused_pairs: bool) -> str:
+    """SQL that admits a row of ``alias`` only within the claim scope (see ClaimScope).
+
+    The per-tenant part only while some (type, tenant) pair is paused: otherwise it
+    is true of every row, and each row paid a concatenation and a lookup for it.
+    """
     if dialect == "postgresql":
-        return (
-            f"{alias}.event_type = ANY(:scope_types) AND NOT "
-            f"({alias}.event_type || chr({_PAIR_SEPARATOR}) || {alias}.tenant_id "
+        types = f"{alias}.event_type = ANY(:scope_types)"
+        pairs = (
+            f"NOT ({alias}.event_type || chr({_PAIR_SEPARATOR}) || {alias}.tenant_id "
             "= ANY(:scope_pairs))"
         )
-    return (
-        f"{alias}.event_type IN (SELECT value FROM json_each(:scope_types)) AND "
-        f"{alias}.event_type || char({_PAIR_SEPARATOR}) || {alias}.tenant_id "
-        "NOT IN (SELECT value FROM json_each(:scope_pairs))"
-    )
+    else:
+        types = f"{alias}.event_type IN (SELECT value FROM json_each(:scope_types))"
+        pairs = (
+            f"{alias}.event_type || char({_PAIR_SEPARATOR}) || {alias}.tenant_id "
+            "NOT IN (SELECT value FROM json_each(:scope_pairs))"
+        )
+    return f"{types} AND {pairs}" if paused_pairs else types
 
 
 def _scope_params(dialect: str, scope: ClaimScope) -> dict[str, Any]:
@@ -363,7 +369,9 @@ SELECT t FROM types WHERE t IS NOT NULL"""
     )
 
 
-def _unordered_cte(dialect: str, limit: str, lock: str, scoped: bool, per_type: int | None) -> str:
+def _unordered_cte(
+    dialect: str, limit: str, lock: str, scoped: bool, per_type: int | None, paused_pairs: bool
+) -> str:
     """Due unordered rows in seq order: one walk of the seq index, or one range per type.
 
     With a scope, rows of types outside it may sit in the seq index in any number (a
@@ -374,7 +382,7 @@ def _unordered_cte(dialect: str, limit: str, lock: str, scoped: bool, per_type: 
     """
     table = _table_for(dialect)
     ref = _ref(dialect)
-    scope = f" AND {_scope_filter(dialect, 'e')}" if scoped else ""
+    scope = f" AND {_scope_filter(dialect, 'e', paused_pairs)}" if scoped else ""
     where = (
         f"{WAITING_PREDICATE} AND {UNORDERED_PREDICATE} AND e.seq >= :seq_floor "
         f"AND NOT EXISTS (SELECT 1 FROM abandoned) AND {_DUE}{scope}"
@@ -410,6 +418,7 @@ def _claim_sql(
     scoped: bool = False,
     per_type: int | None = None,
     include_cursor_key: bool = False,
+    paused_pairs: bool = False,
 ) -> str:
     lock = " FOR UPDATE OF e SKIP LOCKED" if dialect == "postgresql" else ""
     table = _table_for(dialect)
@@ -417,7 +426,7 @@ def _claim_sql(
     first, second = ("ordered", "unordered") if ordered_first else ("unordered", "ordered")
     ref = _ref(dialect)
     limits = {first: ":batch", second: f"(:batch - (SELECT count(*) FROM {first}))"}
-    scope = f" AND {_scope_filter(dialect, 'e')}" if scoped else ""
+    scope = f" AND {_scope_filter(dialect, 'e', paused_pairs)}" if scoped else ""
     in_flight = f"""(
         SELECT 1 FROM {table("key_in_flight", "f")}
         WHERE f.ordering_key = e.ordering_key AND {KEYED_PREDICATE} AND {IN_FLIGHT_PREDICATE}
@@ -474,7 +483,7 @@ abandoned AS (
 {heads}ordered AS (
     {ordered}
 ),
-{_unordered_cte(dialect, limits["unordered"], lock, scoped, per_type)}
+{_unordered_cte(dialect, limits["unordered"], lock, scoped, per_type, paused_pairs)}
 UPDATE outbox_events SET
     status = 'publishing',
     locked_by = :dispatcher_id,
@@ -514,6 +523,7 @@ def _claim_statement(
     scoped: bool = False,
     per_type: int | None = None,
     include_cursor_key: bool = False,
+    paused_pairs: bool = False,
 ) -> TextualSelect:
     returned = [t.c[name] for name in CLAIM_RETURNS]
     returning = ", ".join(c.name for c in returned) + ", payload"
@@ -524,13 +534,12 @@ def _claim_statement(
     if dialect == "postgresql":
         returning = returning.replace("payload", "payload::text AS payload")
         if scoped:
-            params += [
-                bindparam("scope_types", type_=ARRAY(Text)),
-                bindparam("scope_pairs", type_=ARRAY(Text)),
-            ]
+            params.append(bindparam("scope_types", type_=ARRAY(Text)))
+        if scoped and paused_pairs:
+            params.append(bindparam("scope_pairs", type_=ARRAY(Text)))
     return (
         text(
-            _claim_sql(dialect, ordered_first, scoped, per_type, include_cursor_key)
+            _claim_sql(dialect, ordered_first, scoped, per_type, include_cursor_key, paused_pairs)
             + "RETURNING "
             + returning
         )
@@ -700,6 +709,7 @@ async def claim_batch(
             scope is not None,
             None if ranges is None else len(ranges),
             include_cursor,
+            scope is not None and bool(scope.paused_pairs),
         )
         values = {
             **common,

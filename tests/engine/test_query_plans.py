@@ -271,8 +271,13 @@ async def _claim_work(db, clock, scope: store.ClaimScope) -> tuple[int, int]:
 async def _claim_plan_rows(conn, clock, scope: store.ClaimScope, batch: int) -> int:
     """Rows produced by every node of the statement claim_batch would run (PostgreSQL)."""
     per_type = await store._per_type_plan(conn, scope)
+    pairs = bool(scope.paused_pairs)
     sql = store._claim_sql(
-        "postgresql", True, scoped=True, per_type=None if per_type is None else len(per_type)
+        "postgresql",
+        True,
+        scoped=True,
+        per_type=None if per_type is None else len(per_type),
+        paused_pairs=pairs,
     )
     params = {
         **store._scope_params("postgresql", scope),
@@ -286,7 +291,8 @@ async def _claim_plan_rows(conn, clock, scope: store.ClaimScope, batch: int) -> 
         "walk_limit": 4 * batch,
     }
     typed = [bindparam(k, type_=UtcDateTime()) for k in ("now", "locked_until")]
-    typed += [bindparam(k, type_=ARRAY(Text)) for k in ("scope_types", "scope_pairs")]
+    arrays = ("scope_types", "scope_pairs") if pairs else ("scope_types",)
+    typed += [bindparam(k, type_=ARRAY(Text)) for k in arrays]
     async with conn.begin_nested() as savepoint:
         stmt = text("EXPLAIN (ANALYZE, FORMAT JSON) " + sql).bindparams(*typed)
         plan = (await conn.execute(stmt, params)).scalar_one()
