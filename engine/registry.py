@@ -184,19 +184,24 @@ class EventRegistry:
     def validate_event(
         self, event_type: str, event_version: int, payload: Any, tenant_id: str
     ) -> None:
-        """Raise an ``EventValidationError`` unless the event may be published/handled."""
-        if (event_type, event_version) not in self._schemas:
+        """Raise an ``EventValidationError`` unless the event may be published/handled.
+
+        On every publish and every delivery: one lookup of the spec, and a decoded
+        payload (a dict) passes the mapping check without the ABC's isinstance.
+        """
+        try:
+            spec = self._schemas[(event_type, event_version)]
+        except KeyError:
             known = sorted(v for (t, v) in self._schemas if t == event_type)
             hint = f" (registered versions: {known})" if known else ""
             raise UnknownEventTypeError(
                 f"event type {event_type!r} version {event_version} is not registered{hint}"
-            )
-        if not isinstance(payload, Mapping):
+            ) from None
+        if type(payload) is not dict and not isinstance(payload, Mapping):
             raise EventValidationError(
                 f"{event_type} v{event_version}: payload must be a JSON object, "
                 f"got {type(payload).__name__}"
             )
-        spec = self._schemas[(event_type, event_version)]
         if not (_CONTEXT_SPEC.conforms(payload) and (spec is None or spec.conforms(payload))):
             problems = _CONTEXT_SPEC.problems(payload)
             if spec is not None:
