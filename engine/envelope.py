@@ -50,14 +50,9 @@ class EventEnvelope:
         return self.attempt_count <= 1
 
     def task_context(self) -> TaskContext:
-        """The context a handler of this event runs in (as the three properties give it)."""
-        get = self.payload.get  # once per delivered event: no property calls
-        actor, request, trace = get("actor_id"), get("request_id"), get("trace_id")
+        """The context a handler of this event runs in (built when a handler asks for it)."""
         return TaskContext(
-            self.tenant_id,
-            "" if actor is None else str(actor),
-            "" if request is None else str(request),
-            None if trace is None else str(trace),
+            self.tenant_id, self.actor_id or "", self.request_id or "", self.trace_id
         )
 
     @classmethod
