@@ -412,14 +412,22 @@ def _unordered_cte(
 )"""
 
 
-def _claim_sql(
-    dialect: str,
-    ordered_first: bool,
-    scoped: bool = False,
-    per_type: int | None = None,
-    include_cursor_key: bool = False,
-    paused_pairs: bool = False,
-) -> str:
+@dataclass(frozen=True, slots=True)
+class ClaimShape:
+    """What varies between claim statements: one statement (and one cached compiled form)
+    per shape. ``scoped``: limited to a ClaimScope; ``per_type``: ranges per served type
+    (_unordered_cte); ``paused_pairs``: some (type, tenant) pair is paused."""
+
+    ordered_first: bool = True
+    scoped: bool = False
+    per_type: int | None = None
+    include_cursor_key: bool = False
+    paused_pairs: bool = False
+
+
+def _claim_sql(dialect: str, shape: ClaimShape) -> str:
+    ordered_first, scoped, per_type = shape.ordered_first, shape.scoped, shape.per_type
+    include_cursor_key, paused_pairs = shape.include_cursor_key, shape.paused_pairs
     lock = " FOR UPDATE OF e SKIP LOCKED" if dialect == "postgresql" else ""
     table = _table_for(dialect)
     unfinished = _UNFINISHED_KEYED
@@ -517,14 +525,7 @@ CLAIM_RETURNS = (
 
 
 @functools.cache
-def _claim_statement(
-    dialect: str,
-    ordered_first: bool,
-    scoped: bool = False,
-    per_type: int | None = None,
-    include_cursor_key: bool = False,
-    paused_pairs: bool = False,
-) -> TextualSelect:
+def _claim_statement(dialect: str, shape: ClaimShape) -> TextualSelect:
     returned = [t.c[name] for name in CLAIM_RETURNS]
     returning = ", ".join(c.name for c in returned) + ", payload"
     params: list[BindParameter[Any]] = [
@@ -533,13 +534,13 @@ def _claim_statement(
     ]
     if dialect == "postgresql":
         returning = returning.replace("payload", "payload::text AS payload")
-        if scoped:
+        if shape.scoped:
             params.append(bindparam("scope_types", type_=ARRAY(Text)))
-        if scoped and paused_pairs:
+        if shape.scoped and shape.paused_pairs:
             params.append(bindparam("scope_pairs", type_=ARRAY(Text)))
     return (
         text(
-            _claim_sql(dialect, ordered_first, scoped, per_type, include_cursor_key, paused_pairs)
+            _claim_sql(dialect, shape)
             + "RETURNING "
             + returning
         )
@@ -703,14 +704,14 @@ async def claim_batch(
         if floor == 0 or scope is None:
             planned = await _per_type_plan(conn, scope)
             ranges = None if planned is None else tuple(planned)
-        stmt = _claim_statement(
-            dialect,
+        shape = ClaimShape(
             ordered_first,
             scope is not None,
             None if ranges is None else len(ranges),
             include_cursor,
             scope is not None and bool(scope.paused_pairs),
         )
+        stmt = _claim_statement(dialect, shape)
         values = {
             **common,
             **{f"type_{i}": name for i, name in enumerate(ranges or ())},

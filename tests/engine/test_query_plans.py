@@ -113,7 +113,7 @@ async def test_the_claim_walks_keys_and_unordered_rows_through_their_indexes(
                 "FROM generate_series(1, 20000) AS i"
             )
             await conn.exec_driver_sql("ANALYZE outbox_events")
-    sql = store._claim_sql(db.dialect.name, ordered_first)
+    sql = store._claim_sql(db.dialect.name, store.ClaimShape(ordered_first))
     params = {
         "now": clock(),
         "locked_until": clock(),
@@ -147,7 +147,7 @@ async def test_a_scoped_claim_reads_one_range_per_served_type(db, clock):
                 "'o', 'a', '{}' FROM generate_series(1, 20000) AS i"
             )
             await conn.exec_driver_sql("ANALYZE outbox_events")
-    sql = store._claim_sql(db.dialect.name, True, scoped=True, per_type=2)
+    sql = store._claim_sql(db.dialect.name, store.ClaimShape(scoped=True, per_type=2))
     params = {
         **store._scope_params(db.dialect.name, store.ClaimScope(frozenset({"a", "b"}))),
         "type_0": "a",
@@ -274,10 +274,11 @@ async def _claim_plan_rows(conn, clock, scope: store.ClaimScope, batch: int) -> 
     pairs = bool(scope.paused_pairs)
     sql = store._claim_sql(
         "postgresql",
-        True,
-        scoped=True,
-        per_type=None if per_type is None else len(per_type),
-        paused_pairs=pairs,
+        store.ClaimShape(
+            scoped=True,
+            per_type=None if per_type is None else len(per_type),
+            paused_pairs=pairs,
+        ),
     )
     params = {
         **store._scope_params("postgresql", scope),
@@ -314,7 +315,7 @@ async def test_a_scoped_claim_on_sqlite_searches_one_range_per_served_type(sqlit
     try:
         await create_schema(db)
         await _fill_unserved_backlog(db, keys=50, behind=4)
-        sql = store._claim_sql("sqlite", True, scoped=True, per_type=2)
+        sql = store._claim_sql("sqlite", store.ClaimShape(scoped=True, per_type=2))
         params = {
             **store._scope_params("sqlite", store.ClaimScope(frozenset({"a", "b"}))),
             "type_0": "a",
@@ -388,7 +389,8 @@ async def test_a_claim_on_a_large_backlog_is_never_jit_compiled(pg_url, clock, k
             "walk_limit": 2000,
         }
         typed = [bindparam(k, type_=UtcDateTime()) for k in ("now", "locked_until")]
-        explain = text("EXPLAIN (FORMAT JSON) " + store._claim_sql("postgresql", True))
+        claim = store._claim_sql("postgresql", store.ClaimShape())
+        explain = text("EXPLAIN (FORMAT JSON) " + claim)
         explain = explain.bindparams(*typed)
         async with engine.begin() as conn:
             claimed = await store.claim_batch(
