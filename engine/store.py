@@ -369,9 +369,25 @@ SELECT t FROM types WHERE t IS NOT NULL"""
     )
 
 
-def _unordered_cte(
-    dialect: str, limit: str, lock: str, scoped: bool, per_type: int | None, paused_pairs: bool
-) -> str:
+@dataclass(frozen=True, slots=True)
+class ClaimShape:
+    """What varies between claim statements: one statement (and one cached compiled form)
+    per shape. ``scoped``: limited to a ClaimScope; ``per_type``: ranges per served type
+    (_unordered_cte); ``paused_pairs``: some (type, tenant) pair is paused."""
+
+    ordered_first: bool = True
+    scoped: bool = False
+    per_type: int | None = None
+    include_cursor_key: bool = False
+    paused_pairs: bool = False
+
+
+def _scope_clause(dialect: str, shape: ClaimShape) -> str:
+    """`` AND `` the scope filter on alias ``e``, for a scoped shape; else nothing."""
+    return f" AND {_scope_filter(dialect, 'e', shape.paused_pairs)}" if shape.scoped else ""
+
+
+def _unordered_cte(dialect: str, limit: str, lock: str, shape: ClaimShape) -> str:
     """Due unordered rows in seq order: one walk of the seq index, or one range per type.
 
     With a scope, rows of types outside it may sit in the seq index in any number (a
@@ -382,7 +398,8 @@ def _unordered_cte(
     """
     table = _table_for(dialect)
     ref = _ref(dialect)
-    scope = f" AND {_scope_filter(dialect, 'e', paused_pairs)}" if scoped else ""
+    scope = _scope_clause(dialect, shape)
+    per_type = shape.per_type
     where = (
         f"{WAITING_PREDICATE} AND {UNORDERED_PREDICATE} AND e.seq >= :seq_floor "
         f"AND NOT EXISTS (SELECT 1 FROM abandoned) AND {_DUE}{scope}"
@@ -412,29 +429,15 @@ def _unordered_cte(
 )"""
 
 
-@dataclass(frozen=True, slots=True)
-class ClaimShape:
-    """What varies between claim statements: one statement (and one cached compiled form)
-    per shape. ``scoped``: limited to a ClaimScope; ``per_type``: ranges per served type
-    (_unordered_cte); ``paused_pairs``: some (type, tenant) pair is paused."""
-
-    ordered_first: bool = True
-    scoped: bool = False
-    per_type: int | None = None
-    include_cursor_key: bool = False
-    paused_pairs: bool = False
-
-
 def _claim_sql(dialect: str, shape: ClaimShape) -> str:
-    ordered_first, scoped, per_type = shape.ordered_first, shape.scoped, shape.per_type
-    include_cursor_key, paused_pairs = shape.include_cursor_key, shape.paused_pairs
+    ordered_first, include_cursor_key = shape.ordered_first, shape.include_cursor_key
     lock = " FOR UPDATE OF e SKIP LOCKED" if dialect == "postgresql" else ""
     table = _table_for(dialect)
     unfinished = _UNFINISHED_KEYED
     first, second = ("ordered", "unordered") if ordered_first else ("unordered", "ordered")
     ref = _ref(dialect)
     limits = {first: ":batch", second: f"(:batch - (SELECT count(*) FROM {first}))"}
-    scope = f" AND {_scope_filter(dialect, 'e', paused_pairs)}" if scoped else ""
+    scope = _scope_clause(dialect, shape)
     in_flight = f"""(
         SELECT 1 FROM {table("key_in_flight", "f")}
         WHERE f.ordering_key = e.ordering_key AND {KEYED_PREDICATE} AND {IN_FLIGHT_PREDICATE}
@@ -491,7 +494,7 @@ abandoned AS (
 {heads}ordered AS (
     {ordered}
 ),
-{_unordered_cte(dialect, limits["unordered"], lock, scoped, per_type, paused_pairs)}
+{_unordered_cte(dialect, limits["unordered"], lock, shape)}
 UPDATE outbox_events SET
     status = 'publishing',
     locked_by = :dispatcher_id,
