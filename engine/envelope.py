@@ -59,16 +59,15 @@ class EventEnvelope:
     def from_row(cls, row: Mapping[Any, Any], payload: Any = _FROM_ROW) -> EventEnvelope:
         """Build from an ``outbox_events`` row mapping (``payload``: already decoded).
 
-        Once per delivered event, so the fields are set straight into their slots
-        (``_SLOT_SETTERS``) instead of through the frozen dataclass's ``__init__``, which
-        sets each of the thirteen through ``object.__setattr__``: 1.4 against 2.3 µs a
-        call. The result is the same object ``cls(...)`` makes (a test holds them equal).
+        Once per delivered event, so built by ``delivered_envelope`` (a subclass, which
+        may have fields of its own, through its ``__init__``). The result is the same
+        object ``cls(...)`` makes (a test holds them equal).
         """
         if payload is _FROM_ROW:
             payload = row["payload"]
         if type(payload) is not dict and not isinstance(payload, Mapping):
             raise TypeError(f"payload is {type(payload).__name__}, not a JSON object")
-        values: tuple[Any, ...] = (
+        values = (
             row["id"],
             row["tenant_id"],
             row["event_type"],
@@ -81,18 +80,52 @@ class EventEnvelope:
             int(row["max_attempts"]),
             int(row["claim_version"]),
             int(row.get("replay_count") or 0),
-            {},
         )
         if cls is not EventEnvelope:  # a subclass may have fields of its own
-            return cls(*values)
-        envelope = _new(cls)
-        for set_slot, value in zip(_SLOT_SETTERS, values, strict=True):
-            set_slot(envelope, value)
-        return envelope
+            return cls(*values, {})
+        return delivered_envelope(*values)
 
 
 _new = object.__new__
-# Each field's slot descriptor's __set__, in field order: what from_row fills.
-_SLOT_SETTERS = tuple(
+# Each field's slot descriptor's __set__, in field order.
+(_ID, _TENANT, _TYPE, _VERSION, _AGG_TYPE, _AGG_ID, _PAYLOAD, _CREATED, _ATTEMPTS, _MAX, _CLAIM,
+ _REPLAYS, _METADATA) = (
     EventEnvelope.__dict__[name].__set__ for name in EventEnvelope.__dataclass_fields__
-)
+)  # fmt: skip
+
+
+def delivered_envelope(
+    event_id: str,
+    tenant_id: str,
+    event_type: str,
+    event_version: int,
+    aggregate_type: str,
+    aggregate_id: str,
+    payload: Mapping[str, Any],
+    created_at: datetime,
+    attempt_count: int,
+    max_attempts: int,
+    claim_version: int,
+    replay_count: int,
+) -> EventEnvelope:
+    """``EventEnvelope(...)`` with no metadata, for every event a dispatcher delivers.
+
+    The fields go straight into their slots instead of through the frozen dataclass's
+    ``__init__``, which sets each of the thirteen through ``object.__setattr__``, and one
+    call each instead of a loop over them: 0.8 against 2.4 µs a call.
+    """
+    envelope = _new(EventEnvelope)
+    _ID(envelope, event_id)
+    _TENANT(envelope, tenant_id)
+    _TYPE(envelope, event_type)
+    _VERSION(envelope, event_version)
+    _AGG_TYPE(envelope, aggregate_type)
+    _AGG_ID(envelope, aggregate_id)
+    _PAYLOAD(envelope, payload)
+    _CREATED(envelope, created_at)
+    _ATTEMPTS(envelope, attempt_count)
+    _MAX(envelope, max_attempts)
+    _CLAIM(envelope, claim_version)
+    _REPLAYS(envelope, replay_count)
+    _METADATA(envelope, {})
+    return envelope

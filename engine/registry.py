@@ -156,7 +156,7 @@ class EventRegistry:
 
     def __init__(self) -> None:
         self._schemas: dict[tuple[str, int], EventSchemaSpec | None] = {}
-        self._handlers: dict[str, list[RegisteredHandler]] = {}
+        self._handlers: dict[str, tuple[RegisteredHandler, ...]] = {}
         self._domain_events: dict[type, DomainEventMapping] = {}
         self._ordering: dict[str, Ordering] = {}
 
@@ -181,6 +181,23 @@ class EventRegistry:
         """Registered (event_type, version) pairs, sorted."""
         return sorted(self._schemas)
 
+    def conforms(self, event_type: str, event_version: int, payload: Any, tenant_id: str) -> bool:
+        """True when the event certainly passes ``validate_event`` (False: ask it why not).
+
+        The whole check for the common case, without building an error: registered,
+        a decoded JSON object whose fields have their exact types, and its tenant.
+        """
+        key = (event_type, event_version)
+        if key not in self._schemas:
+            return False
+        spec = self._schemas[key]
+        return (
+            type(payload) is dict
+            and _CONTEXT_SPEC.conforms(payload)
+            and (spec is None or spec.conforms(payload))
+            and payload["tenant_id"] == tenant_id
+        )
+
     def validate_event(
         self, event_type: str, event_version: int, payload: Any, tenant_id: str
     ) -> None:
@@ -189,6 +206,8 @@ class EventRegistry:
         On every publish and every delivery: one lookup of the spec, and a decoded
         payload (a dict) passes the mapping check without the ABC's isinstance.
         """
+        if self.conforms(event_type, event_version, payload, tenant_id):
+            return
         try:
             spec = self._schemas[(event_type, event_version)]
         except KeyError:
@@ -207,9 +226,7 @@ class EventRegistry:
             if spec is not None:
                 problems += [p for p in spec.problems(payload) if p not in problems]
             if problems:
-                raise EventValidationError(
-                    f"{event_type} v{event_version}: " + "; ".join(problems)
-                )
+                raise EventValidationError(f"{event_type} v{event_version}: " + "; ".join(problems))
         if payload["tenant_id"] != tenant_id:
             raise TenantMismatchError(
                 f"{event_type} v{event_version}: payload tenant_id {payload['tenant_id']!r} "
@@ -282,12 +299,12 @@ class EventRegistry:
             raise EventRegistrationError(
                 f"cannot attach handler {key!r}: event type {event_type!r} is not registered"
             )
-        existing = self._handlers.setdefault(event_type, [])
+        existing = self._handlers.get(event_type, ())
         if any(h.key == key for h in existing):
             raise EventRegistrationError(
                 f"handler key {key!r} is registered twice for {event_type}"
             )
-        existing.append(RegisteredHandler(event_type, key, handler))
+        self._handlers[event_type] = (*existing, RegisteredHandler(event_type, key, handler))
 
     def handler(self, event_type: str, *, key: str) -> Callable[[Handler], Handler]:
         """Decorator form of ``register_handler``."""
@@ -298,8 +315,9 @@ class EventRegistry:
 
         return decorate
 
-    def handlers_for(self, event_type: str) -> list[RegisteredHandler]:
-        return list(self._handlers.get(event_type, ()))
+    def handlers_for(self, event_type: str) -> tuple[RegisteredHandler, ...]:
+        """The handlers of ``event_type`` in registration order (a tuple: no copy per call)."""
+        return self._handlers.get(event_type, ())
 
     def has_handlers(self) -> bool:
         return any(self._handlers.values())
@@ -331,9 +349,7 @@ class EventRegistry:
         if not self.is_registered(event_type, event_version):
             self.register_event(event_type, event_version)
         if ordering is not None:
-            self.set_ordering(
-                event_type, key=ordering.key, on_dead_letter=ordering.on_dead_letter
-            )
+            self.set_ordering(event_type, key=ordering.key, on_dead_letter=ordering.on_dead_letter)
         self._domain_events[event_class] = DomainEventMapping(
             event_class, event_type, event_version, aggregate_type, subject
         )

@@ -188,3 +188,16 @@ async def test_dispatch_once_relays_to_rabbitmq(cli: Cli, orders_url: str, amqp_
         assert message is not None
         await message.ack()
         assert message.routing_key in ("orders.placed", "orders.cancelled")
+
+
+def test_dispatch_rounds_run_with_a_lazier_collector_and_give_it_back() -> None:
+    import gc
+
+    from outbox_tui.cli.dispatch import ROUND_GC_THRESHOLD, _collector_for_rounds
+
+    before = gc.get_threshold()
+    with _collector_for_rounds():
+        assert gc.get_threshold() == (ROUND_GC_THRESHOLD, *before[1:])
+        assert gc.get_freeze_count() > 0  # start-up's objects are left out of collections
+    assert gc.get_threshold() == before
+    assert gc.get_freeze_count() == 0

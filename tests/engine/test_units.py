@@ -239,6 +239,64 @@ def test_an_envelope_from_a_row_is_the_one_its_constructor_makes():
         EventEnvelope.from_row(row, ["not", "a", "mapping"])
 
 
+def _decode_outcomes(registry, row, payload_text, max_attempts=None):
+    """What the dispatcher's quick decode and its full checks make of one claimed row."""
+    from engine import create_engine
+    from engine.dispatcher import OutboxDispatcher
+    from engine.store import ClaimedRow
+
+    dispatcher = OutboxDispatcher(
+        create_engine("sqlite+aiosqlite:///unused.db"), registry, max_attempts=max_attempts
+    )
+    claimed = ClaimedRow(row, payload_text)
+    envelope, problem = dispatcher._decode(claimed)
+    if envelope is not None and claimed.attempt_count > dispatcher._budget(claimed):
+        envelope, problem = None, "attempts exhausted"
+    return dispatcher._clean_envelope(claimed), envelope, problem
+
+
+_SOUND = '{"tenant_id": "acme", "actor_id": "a", "request_id": "r", "total": 5}'
+
+
+@pytest.mark.parametrize(
+    ("changes", "payload", "max_attempts", "quick_way"),
+    [
+        ({}, _SOUND, None, True),
+        ({}, " " + _SOUND + "\n", None, True),  # white space around: json.loads takes it
+        ({}, _SOUND.replace("5}", "5.5}"), None, True),  # a float where a float may go
+        ({}, _SOUND.replace('"a"', '"\\ud800"'), None, True),  # a lone surrogate
+        ({"attempt_count": 5}, _SOUND, None, True),  # the last attempt of five
+        ({"attempt_count": 6}, _SOUND, None, False),  # spent: dead letter
+        ({"attempt_count": 3}, _SOUND, 2, False),  # spent by the dispatcher's own budget
+        ({"event_version": 3}, _SOUND, None, False),  # not registered
+        ({"event_type": "orders.shipped"}, _SOUND, None, False),
+        ({"tenant_id": "other"}, _SOUND, None, False),  # the payload's tenant differs
+        ({}, _SOUND.replace('"total": 5', '"total": "5"'), None, False),  # schema
+        ({}, _SOUND.replace('"actor_id": "a", ', ""), None, False),  # no actor
+        ({}, '{"tenant_id": "acme"', None, False),  # not JSON
+        ({}, "[1, 2]", None, False),  # not an object
+        ({}, _SOUND + " {}", None, False),  # trailing data
+        ({"id": 17}, _SOUND, None, False),  # an old SQLite table took an integer id
+        ({"max_attempts": 0}, _SOUND, None, False),
+        ({"replay_count": None}, _SOUND, None, False),
+        ({"created_at": None}, _SOUND, None, False),
+        ({"aggregate_id": 5}, _SOUND, None, False),
+    ],
+)
+def test_the_quick_decode_takes_only_rows_the_full_checks_pass_and_builds_the_same(
+    changes, payload, max_attempts, quick_way
+):
+    registry = EventRegistry()
+    registry.register_event(
+        "orders.placed", 2, EventSchemaSpec(required={"total": float}, optional={})
+    )
+    quick, full, problem = _decode_outcomes(registry, _row(**changes), payload, max_attempts)
+    assert quick is None or quick == full, problem
+    assert (quick is not None) is quick_way
+    if quick is not None:
+        assert registry.conforms("orders.placed", 2, dict(quick.payload), quick.tenant_id)
+
+
 @pytest.mark.parametrize(
     ("column", "value"),
     [
