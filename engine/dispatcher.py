@@ -50,7 +50,7 @@ from engine.errors import ConfigurationError, EventHandlerPermanentError, EventV
 from engine.handler_timeouts import HandlerTimedOut, HandlerTimeouts
 from engine.idempotency import HandlerRunRecord, IdempotencyStore
 from engine.registry import EventRegistry
-from engine.store import ClaimedRow
+from engine.store import PAYLOAD_TOO_DEEP, ClaimedRow
 
 log = logging.getLogger("engine.dispatcher")
 
@@ -583,7 +583,7 @@ class OutboxDispatcher:
             return None
         try:
             payload = store.decode_json(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
         if not self.registry.conforms(event_type, version, payload, tenant_id):
             return None
@@ -612,6 +612,8 @@ class OutboxDispatcher:
             payload = row.decoded_payload()
         except ValueError as exc:
             return None, f"corrupt payload: not valid JSON ({exc})"
+        except RecursionError as exc:  # valid JSON, deeper than Python's decoder goes
+            return None, f"corrupt payload: {PAYLOAD_TOO_DEEP} ({exc})"
         try:
             self.registry.validate_event(
                 values["event_type"], int(values["event_version"]), payload, values["tenant_id"]

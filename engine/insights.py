@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Select, Text, func, literal, select, text, type_coerce
+from sqlalchemy import Select, Text, cast, func, literal, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.selectable import TextualSelect
 
@@ -79,6 +79,7 @@ from engine.schema import (
     replay_log,
     side_effects,
 )
+from engine.store import PAYLOAD_TOO_DEEP
 
 # ALIVE, STALE, STOPPED, BlockedKey, HeartbeatView and UnservedType are engine.dispatch_health's,
 # the Event* types and MatchSummary engine.event_views', OverviewSnapshot and
@@ -322,7 +323,9 @@ class OutboxInsights:
 
     async def event_detail(self, event_id: str) -> EventDetail:
         columns = [c for c in t.c if c.name != "payload"]
-        raw = type_coerce(t.c.payload, Text).label("payload")
+        # As text on both databases, decoded below: PostgreSQL's jsonb codec would decode
+        # it in the driver, where a payload too deep to decode fails the whole query.
+        raw = cast(t.c.payload, Text).label("payload")
         async with storage_errors(self._engine.url), self._engine.connect() as conn:
             row = (
                 (await conn.execute(select(*columns, raw).where(t.c.id == event_id)))
@@ -360,6 +363,8 @@ class OutboxInsights:
                 payload = json.loads(payload)
             except ValueError as exc:
                 payload_error = f"corrupt payload: {exc}"
+            except RecursionError:
+                payload_error = f"corrupt payload: {PAYLOAD_TOO_DEEP}"
         return EventDetail(values, payload, payload_error, replays, runs, effects, earlier)
 
 

@@ -169,6 +169,12 @@ def decode_json(text: str) -> Any:
     return json.loads(text)
 
 
+# Why a payload that is valid JSON cannot be decoded: it nests deeper than the recursion
+# limit lets json's decoder go (a RecursionError, not a ValueError). SQLite's JSON check
+# allows 1,000 levels and PostgreSQL's jsonb more: such a row can be stored.
+PAYLOAD_TOO_DEEP = "nested too deeply to decode"
+
+
 def truncate_error(message: str) -> str:
     return message if len(message) <= _ERROR_LIMIT else message[: _ERROR_LIMIT - 1] + "…"
 

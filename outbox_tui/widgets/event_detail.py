@@ -174,6 +174,19 @@ def _ordering_rows(
     return rows
 
 
+def _payload_tree(payload: Any) -> RenderableType:
+    """The decoded payload as an indented JSON tree.
+
+    Indenting runs json's Python encoder, a few frames per level: a payload that decoded
+    (the stored one may nest hundreds of levels deep) could still pass the recursion
+    limit here, on the console's deeper stack, and must not take the console down.
+    """
+    try:
+        return JSON.from_data(payload, indent=2, sort_keys=True)
+    except RecursionError:
+        return Text("payload nested too deeply to show as a tree", style=ERROR)
+
+
 def render_detail(
     detail: EventDetail, now: datetime, *, waiting: int | None = None
 ) -> RenderableType:
@@ -234,7 +247,7 @@ def render_detail(
             Text(detail.payload_error, style=ERROR), Text(one_line(detail.payload, 2000))
         )
     else:
-        payload = JSON.from_data(detail.payload, indent=2, sort_keys=True)
+        payload = _payload_tree(detail.payload)
     parts: list[RenderableType] = [
         title,
         _section("Event"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 
 from rich.console import Console
 
@@ -185,3 +186,26 @@ async def test_q_quits(sqlite_seeded, orders_registry):
         await started(pilot)
         await press_to_exit(pilot, "q")
     assert app.return_code == 0
+
+
+def test_a_payload_too_deep_for_the_tree_view_is_named_not_fatal():
+    """A payload can decode and still nest too deeply to indent on the console's stack."""
+    from datetime import UTC, datetime
+
+    from engine.event_views import EventDetail
+
+    deep = json.loads("[" * 850 + "]" * 850)
+    detail = EventDetail({"id": "e-1", "status": "pending"}, {"deep": deep}, None)
+
+    def rendered_at_depth(frames: int) -> str:
+        if frames:
+            return rendered_at_depth(frames - 1)
+        out = Console(width=100, record=True, file=io.StringIO())
+        out.print(render_detail(detail, datetime.now(UTC)))
+        return out.export_text()
+
+    assert "payload nested too deeply to show as a tree" in rendered_at_depth(200)
+    shallow = EventDetail({"id": "e-2", "status": "pending"}, {"deep": [[1]]}, None)
+    out = Console(width=100, record=True, file=io.StringIO())
+    out.print(render_detail(shallow, datetime.now(UTC)))
+    assert '"deep"' in out.export_text()

@@ -92,3 +92,32 @@ async def test_a_budget_below_one_is_refused_at_insert(db):
             await conn.execute(
                 text(insert_sql(max_attempts="0")), {"id": "zero", "payload": GOOD_PAYLOAD}
             )
+
+
+async def test_a_payload_nested_too_deeply_to_decode_is_dead_lettered_not_fatal(
+    db, registry, clock
+):
+    """Valid JSON both databases store (SQLite's limit is 1,000 levels), that Python's
+    decoder gives up on: the row is a dead letter naming why, the rest of its batch is
+    delivered, and its detail (which a replay reads) still answers."""
+    handled = []
+
+    @registry.handler("orders.placed", key="orders.audit")
+    async def audit(envelope):
+        handled.append(envelope.event_id)
+
+    deep = GOOD_PAYLOAD[:-1] + ', "deep": ' + "[" * 990 + "]" * 990 + "}"
+    async with db.begin() as conn:
+        await conn.execute(text(insert_sql()), {"id": "deep", "payload": deep})
+        await conn.execute(text(insert_sql()), {"id": "good", "payload": GOOD_PAYLOAD})
+
+    result = await OutboxDispatcher(db, registry, clock=clock).dispatch_once()
+    assert result == DispatchResult(claimed=2, published=1, dead_lettered=1)
+    assert handled == ["good"]
+    detail = await OutboxInsights(db, clock=clock).event_detail("deep")
+    assert detail.columns["status"] == "dead_letter"
+    assert detail.columns["dead_letter_reason"].startswith(
+        "permanent: corrupt payload: nested too deeply to decode ("
+    )
+    assert detail.payload_error == "corrupt payload: nested too deeply to decode"
+    assert detail.payload.count("[") == 990  # shown as stored (jsonb orders the keys)
