@@ -795,8 +795,8 @@ _RELEASE_LOCK = {"locked_by": None, "locked_until": None}
 
 
 # PostgreSQL: the batch's claims travel as two arrays, so the statement text is the same
-# for every batch and compiles (and is prepared) once. The IN list of (id, claim_version)
-# pairs SQLite uses is compiled anew for every batch, which cost more than the update.
+# for every batch and compiles (and is prepared) once. An IN list of (id, claim_version)
+# pairs is compiled anew for every batch, which cost more than the update.
 _PUBLISH_PG = (
     text(
         f"""UPDATE outbox_events AS e SET
@@ -816,6 +816,23 @@ RETURNING e.id"""
 )
 
 
+# SQLite, likewise: the claims travel as one JSON array of [id, claim_version] pairs
+# (json_each), and SQLite probes ix_outbox_events_status_id for each pair
+# (tests/engine/test_query_plans.py). Against the IN list of pairs it replaced, a no-op
+# drain of 100,000 events ran at 17.6k instead of 15.0k events/s, and its SQL floor at
+# 18.4k instead of 16.7k (in-process, alternating, 3 runs each).
+_PUBLISH_SQLITE = text(
+    f"""UPDATE outbox_events SET
+    status = '{PUBLISHED}', published_at = :now, last_error = NULL, next_retry_at = NULL,
+    locked_by = NULL, locked_until = NULL
+WHERE (id, claim_version) IN (
+        SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(:claims)
+    )
+    AND status = '{PUBLISHING}' AND locked_by = :dispatcher_id AND locked_until > :now
+RETURNING id"""
+).bindparams(bindparam("now", type_=UtcDateTime()))
+
+
 async def mark_published(
     conn: AsyncConnection,
     claims: Sequence[tuple[str, int]],
@@ -832,19 +849,12 @@ async def mark_published(
             "versions": [version for _event_id, version in claims],
         }
         return set((await conn.execute(_PUBLISH_PG, params)).scalars())
-    stmt = (
-        update(t)
-        .where(tuple_(t.c.id, t.c.claim_version).in_(list(claims)), _held(fence))
-        .values(
-            status=PUBLISHED,
-            published_at=fence.now,
-            last_error=None,
-            next_retry_at=None,
-            **_RELEASE_LOCK,
-        )
-        .returning(t.c.id)
-    )
-    return set((await conn.execute(stmt)).scalars())
+    params = {
+        "now": fence.now,
+        "dispatcher_id": fence.dispatcher_id,
+        "claims": json.dumps(claims),
+    }
+    return set((await conn.execute(_PUBLISH_SQLITE, params)).scalars())
 
 
 async def mark_failed(

@@ -488,3 +488,18 @@ async def test_the_retention_purge_reads_the_published_at_index_with_statistics_
         assert "ix_outbox_events_published_at" not in before, "the test no longer reproduces"
     finally:
         await engine.dispose()
+
+
+async def test_the_completion_finds_each_claimed_row_through_an_index(db, clock):
+    """One statement text for every batch on both databases (the claims travel as arrays,
+    or as one JSON array on SQLite), and each claim is a probe, never a table scan."""
+    if db.dialect.name == "postgresql":
+        sql = store._PUBLISH_PG.element.text
+        claims = {"ids": ["e-1", "e-2"], "versions": [1, 1]}
+    else:
+        sql = store._PUBLISH_SQLITE.text
+        claims = {"claims": json.dumps([["e-1", 1], ["e-2", 1]])}
+    plan = await _text_plan(db, sql, {"now": clock(), "dispatcher_id": "d", **claims})
+    _assert_no_table_scan(plan)
+    if db.dialect.name == "sqlite":
+        assert "USING INDEX ix_outbox_events_status_id (status=? AND id=?)" in plan, plan
