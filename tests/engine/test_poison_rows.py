@@ -121,3 +121,22 @@ async def test_a_payload_nested_too_deeply_to_decode_is_dead_lettered_not_fatal(
     )
     assert detail.payload_error == "corrupt payload: nested too deeply to decode"
     assert detail.payload.count("[") == 990  # shown as stored (jsonb orders the keys)
+
+
+@sqlite_only
+async def test_an_id_holding_nul_is_completed_like_any_other(db, registry, clock):
+    """SQLite text can hold NUL, and its JSON functions end a string there: the batch
+    with such an id is completed with bound pairs, not lost as a lease."""
+    handled = []
+
+    @registry.handler("orders.placed", key="orders.audit")
+    async def audit(envelope):
+        handled.append(envelope.event_id)
+
+    async with db.begin() as conn:
+        for event_id in ("odd\x00id", "plain"):
+            await conn.execute(text(insert_sql()), {"id": event_id, "payload": GOOD_PAYLOAD})
+    result = await OutboxDispatcher(db, registry, clock=clock).dispatch_once()
+    assert result == DispatchResult(claimed=2, published=2)
+    assert sorted(handled) == ["odd\x00id", "plain"]
+    assert (await row(db, "odd\x00id"))["status"] == "published"
