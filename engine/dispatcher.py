@@ -501,7 +501,11 @@ class OutboxDispatcher:
 
     def _budget(self, row: ClaimedRow) -> int:
         """The row's attempt budget, unless this dispatcher overrides every row's."""
-        return self.max_attempts if self.max_attempts is not None else row.max_attempts
+        return self._budget_of(row.max_attempts)
+
+    def _budget_of(self, stored: int) -> int:
+        """The attempt budget of a row whose ``max_attempts`` column holds ``stored``."""
+        return self.max_attempts if self.max_attempts is not None else stored
 
     async def _deliver(
         self,
@@ -578,7 +582,7 @@ class OutboxDispatcher:
             and created_at is not None
             and type(raw) is str
             and max_attempts >= 1
-            and attempts <= (max_attempts if self.max_attempts is None else self.max_attempts)
+            and attempts <= self._budget_of(max_attempts)
         ):
             return None
         try:
