@@ -33,7 +33,7 @@ import collections
 import logging
 import os
 import socket
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
@@ -49,7 +49,7 @@ from engine.envelope import EventEnvelope, delivered_envelope
 from engine.errors import ConfigurationError, EventHandlerPermanentError, EventValidationError
 from engine.handler_timeouts import HandlerTimedOut, HandlerTimeouts
 from engine.idempotency import HandlerRunRecord, IdempotencyStore
-from engine.registry import EventRegistry
+from engine.registry import EventRegistry, RegisteredHandler
 from engine.store import PAYLOAD_TOO_DEEP, ClaimedRow
 
 log = logging.getLogger("engine.dispatcher")
@@ -131,10 +131,21 @@ class DispatchObserver(Protocol):
 
 @dataclass(slots=True)  # not frozen: one per event, and frozen fields cost 1k instructions each
 class _Outcome:
+    """What became of one claimed row, and the handler runs behind it.
+
+    ``runs`` are the run records of a delivery that did not end published (the
+    handlers that succeeded before one failed, and the failure). A published one
+    carries ``ran``, its event type's handlers, and no records: its row is the record.
+    Only if the completion's fence refuses it are their successes written, so the
+    dispatcher that took the row over skips them.
+    """
+
     row: ClaimedRow
     kind: str  # "published" | "failed" | "dead_letter" | "unattempted"
     error: str | None = None
     reason: str | None = None
+    runs: list[HandlerRunRecord] | None = None
+    ran: tuple[RegisteredHandler, ...] = ()
 
 
 @dataclass(slots=True)
@@ -149,6 +160,40 @@ class _Batch:
     def deliverable(self) -> list[ClaimedRow]:
         """The rows to deliver, in claim order."""
         return [r for r in self.rows if r.event_id in self.envelopes]
+
+
+def _runs_until(
+    event_id: str,
+    handlers: Sequence[RegisteredHandler],
+    failed_key: str,
+    error: str,
+) -> list[HandlerRunRecord]:
+    """The run records of a delivery that failed at ``failed_key``: a success for each
+    handler before it (one skipped as done before is already recorded so, and a success
+    is never written over) and the failure."""
+    runs = []
+    for registered in handlers:
+        if registered.key == failed_key:
+            runs.append(HandlerRunRecord(event_id, failed_key, False, error))
+            break
+        runs.append(HandlerRunRecord(event_id, registered.key, True))
+    return runs
+
+
+def _successes_refused(
+    outcomes: Sequence[_Outcome], done: Collection[str]
+) -> list[HandlerRunRecord]:
+    """Success records of the published outcomes whose completion the fence refused.
+
+    The dispatcher that took the rows over delivers them again; with these it skips
+    the handlers that already ran.
+    """
+    runs: list[HandlerRunRecord] = []
+    for o in outcomes:
+        if o.kind != "published" or o.row.event_id in done:
+            continue
+        runs.extend(HandlerRunRecord(o.row.event_id, h.key, True) for h in o.ran)
+    return runs
 
 
 def _type_and_tenant(row: ClaimedRow) -> tuple[str, str]:
@@ -633,12 +678,13 @@ class OutboxDispatcher:
         done: set[tuple[str, str]],
         timeouts: HandlerTimeouts,
         worker: asyncio.Task[None] | None,
-    ) -> tuple[_Outcome, list[HandlerRunRecord]]:
-        records: list[HandlerRunRecord] = []
+    ) -> _Outcome:
+        event_id = envelope.event_id
+        handlers = self.registry.handlers_for(envelope.event_type)
         context_token = _task_context.set(envelope)  # its TaskContext, when asked for
         try:
-            for registered in self.registry.handlers_for(envelope.event_type):
-                if done and (envelope.event_id, registered.key) in done:
+            for registered in handlers:
+                if done and (event_id, registered.key) in done:
                     continue  # already succeeded on an earlier delivery
                 handler_token = _handler_invocation.set(
                     (envelope, registered.key, self.idempotency)
@@ -647,26 +693,21 @@ class OutboxDispatcher:
                     await timeouts.run(registered.handler(envelope), worker)
                 except EventHandlerPermanentError as exc:
                     error = f"permanent: {registered.key}: {exc}"
-                    records.append(
-                        HandlerRunRecord(envelope.event_id, registered.key, False, error)
-                    )
-                    return _Outcome(row, "dead_letter", error, error), records
+                    runs = _runs_until(event_id, handlers, registered.key, error)
+                    return _Outcome(row, "dead_letter", error, error, runs)
                 except Exception as exc:
                     if isinstance(exc, HandlerTimedOut):
                         error = f"{registered.key}: timed out after {self.handler_timeout:g} s"
                     else:
                         error = f"{registered.key}: {type(exc).__name__}: {exc}"
-                    log.debug("handler failed for event %s: %s", envelope.event_id, error)
-                    records.append(
-                        HandlerRunRecord(envelope.event_id, registered.key, False, error)
-                    )
-                    return _Outcome(row, "failed", error), records
+                    log.debug("handler failed for event %s: %s", event_id, error)
+                    runs = _runs_until(event_id, handlers, registered.key, error)
+                    return _Outcome(row, "failed", error, None, runs)
                 finally:
                     _handler_invocation.reset(handler_token)
-                records.append(HandlerRunRecord(envelope.event_id, registered.key, True))
         finally:
             _task_context.reset(context_token)
-        return _Outcome(row, "published"), records
+        return _Outcome(row, "published", ran=handlers)
 
     async def _relay(
         self, rows: list[ClaimedRow], envelopes: Mapping[str, EventEnvelope]
@@ -691,31 +732,36 @@ class OutboxDispatcher:
                 outcomes.append(_Outcome(row, "failed", error))
         return outcomes
 
-    async def _complete(
-        self, outcomes: Sequence[_Outcome], records: Sequence[HandlerRunRecord]
-    ) -> DispatchResult:
+    async def _complete(self, outcomes: Sequence[_Outcome]) -> DispatchResult:
         """Write one batch of outcomes in one transaction, each fenced by its claim."""
         published = failed = dead = lost = 0
+        wins: list[tuple[str, int]] = []
+        untouched: list[tuple[str, int]] = []
+        setbacks: list[_Outcome] = []
+        runs: list[HandlerRunRecord] = []
+        for o in outcomes:
+            if o.kind == "published":
+                wins.append((o.row.event_id, o.row.claim_version))
+            elif o.kind == "unattempted":
+                untouched.append((o.row.event_id, o.row.claim_version))
+            else:
+                setbacks.append(o)
+                if o.runs:
+                    runs.extend(o.runs)
         async with self.engine.begin() as conn:
             now = self.clock()
             fence = store.Fence(self.dispatcher_id, now)
-            wins = [
-                (o.row.event_id, o.row.claim_version) for o in outcomes if o.kind == "published"
-            ]
             done = await store.mark_published(conn, wins, fence)
             published = len(done)
-            lost += len(wins) - published
+            if published < len(wins):
+                lost += len(wins) - published
+                runs.extend(_successes_refused(outcomes, done))
             # Run records matter only for events that can be delivered again; a published
             # event is final (replay takes dead letters only), so its row is the record.
-            await self.idempotency.record_handler_runs(
-                conn, [r for r in records if r.event_id not in done]
-            )
-            untouched = [
-                (o.row.event_id, o.row.claim_version) for o in outcomes if o.kind == "unattempted"
-            ]
+            await self.idempotency.record_handler_runs(conn, runs)
             released = await store.release_unattempted(conn, untouched, fence)
             lost += len(untouched) - len(released)
-            for o in outcomes:
+            for o in setbacks:
                 if o.kind == "failed" and o.row.attempt_count < self._budget(o.row):
                     retry_at = now + self.backoff.delay(o.row.attempt_count)
                     ok = await store.mark_failed(
@@ -727,7 +773,7 @@ class OutboxDispatcher:
                         next_retry_at=retry_at,
                     )
                     failed += ok
-                elif o.kind in ("failed", "dead_letter"):
+                else:
                     reason = o.reason or (
                         f"max attempts reached ({o.row.attempt_count}/{self._budget(o.row)}): "
                         f"{o.error}"
@@ -742,8 +788,6 @@ class OutboxDispatcher:
                         release_key=self._releases_key(o.row),
                     )
                     dead += ok
-                else:
-                    continue
                 if not ok:
                     lost += 1
         return DispatchResult(0, published, failed, dead, lost)
@@ -844,12 +888,12 @@ class _Workers:
             if self._in_calls == len(self._tasks) < self._limit and queue:
                 self._spawn()
             try:
-                outcome, records = await self._dispatcher._run_handlers(
+                outcome = await self._dispatcher._run_handlers(
                     row, self._envelopes[row.event_id], self._done, self._timeouts, me
                 )
             finally:
                 self._in_calls -= 1
-            completions.add(outcome, records)
+            completions.add(outcome)
 
 
 class _Completions:
@@ -865,7 +909,6 @@ class _Completions:
     def __init__(self, dispatcher: OutboxDispatcher, claimed: int) -> None:
         self._dispatcher = dispatcher
         self._outcomes: list[_Outcome] = []
-        self._records: list[HandlerRunRecord] = []
         self._arrived = asyncio.Event()
         self._closing = False
         self._error: BaseException | None = None
@@ -876,9 +919,8 @@ class _Completions:
         self.result = DispatchResult(claimed=claimed)
         self._writer: asyncio.Task[None] | None = None
 
-    def add(self, outcome: _Outcome, records: Sequence[HandlerRunRecord] = ()) -> None:
+    def add(self, outcome: _Outcome) -> None:
         self._outcomes.append(outcome)
-        self._records.extend(records)
         if outcome.kind != "published":
             self.setbacks += 1
         if self._first_problem is None and outcome.kind in ("failed", "dead_letter"):
@@ -907,17 +949,16 @@ class _Completions:
             await asyncio.sleep(0)  # let outcomes that are ready now join this write
             self._arrived.clear()
             outcomes, self._outcomes = self._outcomes, []
-            records, self._records = self._records, []
-            if outcomes or records:
-                await self._write(outcomes, records)
+            if outcomes:
+                await self._write(outcomes)
             if self._closing and not self._outcomes:
                 return
 
-    async def _write(self, outcomes: list[_Outcome], records: list[HandlerRunRecord]) -> None:
+    async def _write(self, outcomes: list[_Outcome]) -> None:
         if self._error is not None:
             return  # the database refused a write this round: leave the rest to the lease
         try:
-            written = await self._dispatcher._complete(outcomes, records)
+            written = await self._dispatcher._complete(outcomes)
         except Exception as exc:
             self._error = exc
             return

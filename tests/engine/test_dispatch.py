@@ -6,6 +6,8 @@ import asyncio
 from collections import Counter
 from datetime import timedelta
 
+from sqlalchemy import select
+
 from engine import (
     BackoffPolicy,
     DispatchResult,
@@ -18,6 +20,7 @@ from engine import (
 from engine.context import current_task_context
 from engine.dispatcher import ExternalPublishResult
 from engine.publisher import OutboxEvent
+from engine.schema import handler_runs
 
 from .conftest import CTX, order_payload, row, rows
 
@@ -370,6 +373,48 @@ async def test_a_handler_that_succeeded_under_a_lost_lease_is_skipped_on_redeliv
     clock.advance(1)
     assert await dispatcher.dispatch_once() == DispatchResult(claimed=1, published=1)
     assert calls == {1: 1}  # the second delivery skipped the handler that had succeeded
+
+
+async def test_a_lost_completion_records_only_the_handlers_that_ran_in_that_delivery(
+    db, registry, clock
+):
+    """First delivery: one handler succeeds, the other fails. Second: the first is skipped,
+    the second succeeds but its lease runs out. Third: neither runs again, and the skipped
+    handler's record is not counted as a second run."""
+    calls = Counter()
+
+    @registry.handler("orders.placed", key="orders.first")
+    async def first(envelope):
+        calls["first"] += 1
+
+    @registry.handler("orders.placed", key="orders.second")
+    async def second(envelope):
+        calls["second"] += 1
+        if envelope.attempt_count == 1:
+            raise TimeoutError("crm slow")
+        clock.advance(31)  # past the 30 s lease
+
+    [event_id] = await publish(db, registry)
+    dispatcher = OutboxDispatcher(
+        db, registry, clock=clock, lease_seconds=30, backoff=BackoffPolicy(base_seconds=1)
+    )
+    assert await dispatcher.dispatch_once() == DispatchResult(claimed=1, failed=1)
+    clock.advance(1)
+    assert await dispatcher.dispatch_once() == DispatchResult(claimed=1, lost_leases=1)
+    clock.advance(1)
+    assert await dispatcher.dispatch_once() == DispatchResult(claimed=1, published=1)
+    assert calls == {"first": 1, "second": 2}
+    async with db.connect() as conn:
+        runs = dict(
+            (
+                await conn.execute(
+                    select(handler_runs.c.handler_key, handler_runs.c.attempt_count).where(
+                        handler_runs.c.event_id == event_id
+                    )
+                )
+            ).all()
+        )
+    assert runs == {"orders.first": 1, "orders.second": 2}
 
 
 async def test_external_publisher_outcomes_and_unattempted_rows_keep_their_budget(
