@@ -147,8 +147,13 @@ outbox_events = Table(
     # type's ``skip`` policy, or an operator's ``dead-letter skip``).
     Column("skipped_at", UtcDateTime(), nullable=True),
     _created_at_column(),
+    # Spelled as comparisons, not as an IN list: SQLite checks a list of three or more
+    # constants through a temporary table that it builds again for every row an UPDATE
+    # writes, and every claim and every completion writes each of its rows. That was a
+    # tenth of a no-op drain's instructions on SQLite (callgrind: 235k against 213k per
+    # event of the SQL floor). Tables made before keep the list: the same rule, slower.
     CheckConstraint(
-        "status IN ('pending', 'publishing', 'published', 'failed', 'dead_letter')",
+        "(" + " OR ".join(f"status = '{status}'" for status in STATUSES) + ")",
         name="ck_outbox_events_status",
     ),
     CheckConstraint("ordering_key <> ''", name="ck_outbox_events_ordering_key"),

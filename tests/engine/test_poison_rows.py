@@ -94,6 +94,28 @@ async def test_a_budget_below_one_is_refused_at_insert(db):
             )
 
 
+async def test_only_the_five_statuses_are_stored_at_insert_or_update(db):
+    """The status CHECK (spelled as comparisons, for SQLite's sake) keeps its rule."""
+    for status in ("pending", "publishing", "published", "failed", "dead_letter"):
+        async with db.begin() as conn:
+            await conn.execute(
+                text(insert_sql(status=f"'{status}'")), {"id": status, "payload": GOOD_PAYLOAD}
+            )
+    for bad in ("'sent'", "''", "'PENDING'", "NULL"):
+        with pytest.raises(IntegrityError):
+            async with db.begin() as conn:
+                await conn.execute(
+                    text(insert_sql(status=bad)), {"id": "bad", "payload": GOOD_PAYLOAD}
+                )
+        with pytest.raises(IntegrityError):
+            async with db.begin() as conn:
+                await conn.execute(text(f"UPDATE outbox_events SET status = {bad}"))
+    assert {(await row(db, s))["status"] for s in ("pending", "dead_letter")} == {
+        "pending",
+        "dead_letter",
+    }
+
+
 async def test_a_payload_nested_too_deeply_to_decode_is_dead_lettered_not_fatal(
     db, registry, clock
 ):
