@@ -31,6 +31,11 @@ claim names them, and PostgreSQL's would walk another index. On PostgreSQL the u
 builds them with a plain ``CREATE INDEX``, which blocks writes to the table while it
 reads the table once: stop the producers, or build them first with ``CREATE INDEX
 CONCURRENTLY`` under the same names and definitions (docs/dispatcher.md).
+
+Version 0.5: SQLite's ``ix_outbox_events_type_backlog`` is rebuilt with its predicate
+spelled as comparisons instead of an IN list (``respelled_indexes``; see
+``engine.schema.BACKLOG_PREDICATE``). New tables also spell the status CHECK so; SQLite
+cannot change the CHECK of an existing table, which keeps the list (the same rule).
 """
 
 from __future__ import annotations
@@ -63,6 +68,11 @@ _RETIRED_INDEXES = (
     "ix_outbox_events_leased",
 )
 
+# Index -> the predicate text an earlier version gave it (engine.schema says why it changed).
+_RESPELLED = {
+    "ix_outbox_events_type_backlog": "status IN ('pending', 'failed', 'dead_letter')",
+}
+
 
 def missing_columns(sync_conn: Connection) -> list[str]:
     """``table.column`` names, then whole tables, this version needs and the database lacks."""
@@ -83,11 +93,27 @@ def _index_names(sync_conn: Connection) -> set[str | None]:
     return {i["name"] for i in inspect(sync_conn).get_indexes("outbox_events")}
 
 
+def respelled_indexes(sync_conn: Connection) -> list[str]:
+    """SQLite indexes of this version's name whose predicate has an earlier spelling.
+
+    SQLite uses a partial index only for a query that repeats its predicate as written,
+    so such an index serves none of this version's queries; init-db rebuilds it.
+    PostgreSQL proves one spelling from the other and keeps its index.
+    """
+    if sync_conn.dialect.name != "sqlite":
+        return []
+    stored = sync_conn.execute(text("SELECT name, sql FROM sqlite_master WHERE type = 'index'"))
+    return [name for name, sql in stored if name in _RESPELLED and _RESPELLED[name] in sql]
+
+
 def missing_indexes(sync_conn: Connection) -> list[str]:
     """``index name`` for each index of ``outbox_events`` this version has and the
-    database lacks (the claim names its indexes on SQLite, and needs them everywhere)."""
+    database lacks (the claim names its indexes on SQLite, and needs them everywhere),
+    or has with a predicate spelled as an earlier version did (``respelled_indexes``)."""
     found = _index_names(sync_conn)
-    return [f"index {i.name}" for i in outbox_events.indexes if i.name not in found]
+    missing = [f"index {i.name}" for i in outbox_events.indexes if i.name not in found]
+    respelled = respelled_indexes(sync_conn)
+    return missing + [f"index {name} (this version's predicate)" for name in respelled]
 
 
 def outdated_parts(sync_conn: Connection) -> list[str]:
@@ -127,6 +153,8 @@ def _upgrade(sync_conn: Connection) -> list[str]:
         done.append(f"added {name}")
     if not pg:
         run(SQLITE_SEQ_TRIGGER)
+    for respelled in respelled_indexes(sync_conn):
+        run(f"DROP INDEX {respelled}")  # made again just below, spelled as this version does
     indexes = _index_names(sync_conn)
     for retired in _RETIRED_INDEXES:
         if retired in indexes:

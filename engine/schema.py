@@ -271,7 +271,13 @@ Index(
 Index("ix_outbox_events_aggregate_id", outbox_events.c.aggregate_id)
 # Events that wait or failed, by type: "which type is hurting" (engine.insights.top_types)
 # and how many events a pause holds back (engine.pauses), counted inside this index.
-BACKLOG_PREDICATE = "status IN ('pending', 'failed', 'dead_letter')"
+# Spelled as comparisons for SQLite, as the status CHECK is: it tests a row's entry in a
+# partial index on every row an UPDATE writes, and an IN list of three constants there
+# built a temporary table each time (callgrind, no-op drain: the SQL floor 212.9k against
+# 179.7k instructions per event). PostgreSQL proves either spelling from the other, so an
+# index made with the list still serves these queries there; SQLite matches the spelling,
+# and an index made with the list is rebuilt by init-db (engine.migrations).
+BACKLOG_PREDICATE = "(status = 'pending' OR status = 'failed' OR status = 'dead_letter')"
 Index(
     "ix_outbox_events_type_backlog",
     outbox_events.c.status,
@@ -287,7 +293,6 @@ Index(
     outbox_events.c.last_replayed_at,
     **_where(REPLAYED_PENDING_PREDICATE),
 )
-
 
 
 @compiles(CreateColumn, "sqlite")

@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import inspect, text
 
-from engine import DispatchResult, OutboxDispatcher, create_schema
+from engine import DispatchResult, OutboxDispatcher, create_schema, insights
 from engine.database import check_schema
 from engine.errors import SchemaOutdatedError
 from engine.schema import metadata
 from tests.old_schema import OLD_STATUSES, create_old_schema
 
 from .conftest import rows
+from .test_query_plans import _plan
 
 OLD_ROW = (
     "INSERT INTO outbox_events (id, tenant_id, event_type, event_version, aggregate_type, "
@@ -137,3 +138,39 @@ async def test_a_database_with_the_unordered_indexes_of_0_3_is_refused_then_upgr
 
     worker = OutboxDispatcher(db, registry, clock=clock)
     assert await worker.dispatch_once() == DispatchResult(claimed=1, published=1)
+
+
+async def test_a_backlog_index_spelled_with_an_in_list_is_rebuilt_on_sqlite_and_kept_on_postgresql(
+    db,
+):
+    """0.4 spelled the backlog index's predicate as an IN list. SQLite only uses a partial
+    index for queries that repeat its predicate as written, so init-db rebuilds it there;
+    PostgreSQL proves either spelling from the other, so its index stays and serves."""
+    async with db.begin() as conn:
+        await conn.execute(text("DROP INDEX ix_outbox_events_type_backlog"))
+        await conn.execute(
+            text(
+                "CREATE INDEX ix_outbox_events_type_backlog "
+                "ON outbox_events (status, event_type, tenant_id) "
+                "WHERE status IN ('pending', 'failed', 'dead_letter')"
+            )
+        )
+    backlog, _in_flight = insights.top_types_statements()
+    if db.dialect.name == "sqlite":
+        with pytest.raises(SchemaOutdatedError, match="ix_outbox_events_type_backlog") as caught:
+            await check_schema(db)
+        assert "outbox-tui init-db" in str(caught.value)
+        assert await create_schema(db) == ["created index ix_outbox_events_type_backlog"]
+        async with db.connect() as conn:
+            stored = (
+                await conn.execute(
+                    text(
+                        "SELECT sql FROM sqlite_master WHERE name = 'ix_outbox_events_type_backlog'"
+                    )
+                )
+            ).scalar_one()
+        assert "status IN" not in stored
+    await check_schema(db)
+    assert await create_schema(db) == []
+    plan = await _plan(db, backlog)
+    assert "ix_outbox_events_type_backlog" in plan, plan
