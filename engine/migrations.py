@@ -32,10 +32,11 @@ builds them with a plain ``CREATE INDEX``, which blocks writes to the table whil
 reads the table once: stop the producers, or build them first with ``CREATE INDEX
 CONCURRENTLY`` under the same names and definitions (docs/dispatcher.md).
 
-Version 0.5: SQLite's ``ix_outbox_events_type_backlog`` is rebuilt with its predicate
-spelled as comparisons instead of an IN list (``respelled_indexes``; see
-``engine.schema.BACKLOG_PREDICATE``). New tables also spell the status CHECK so; SQLite
-cannot change the CHECK of an existing table, which keeps the list (the same rule).
+Version 0.5: SQLite's ``ix_outbox_events_type_backlog`` and ``ix_outbox_events_key_order``
+are rebuilt with their predicates spelled as comparisons instead of IN lists
+(``respelled_indexes``; see ``engine.schema.BACKLOG_PREDICATE``). New tables also spell
+the status CHECK so; SQLite cannot change the CHECK of an existing table, which keeps the
+list (the same rule).
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ _RETIRED_INDEXES = (
 # Index -> the predicate text an earlier version gave it (engine.schema says why it changed).
 _RESPELLED = {
     "ix_outbox_events_type_backlog": "status IN ('pending', 'failed', 'dead_letter')",
+    "ix_outbox_events_key_order": "status IN ('pending', 'publishing', 'failed')",
 }
 
 

@@ -188,8 +188,9 @@ WAITING_PREDICATE = "status IN ('pending', 'failed')"
 UNORDERED_PREDICATE = "ordering_key IS NULL"
 # Rows that hold back the later events of their key: not yet delivered, or dead-lettered
 # and not skipped.
+# Comparisons, not an IN list, for SQLite's sake (see BACKLOG_PREDICATE below).
 KEY_UNFINISHED_PREDICATE = (
-    "(status IN ('pending', 'publishing', 'failed') "
+    "(status = 'pending' OR status = 'publishing' OR status = 'failed' "
     "OR (status = 'dead_letter' AND skipped_at IS NULL))"
 )
 KEYED_PREDICATE = "ordering_key IS NOT NULL"

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import inspect, text
+from sqlalchemy import func, inspect, select, text
 
 from engine import DispatchResult, OutboxDispatcher, create_schema, insights
 from engine.database import check_schema
+from engine.dispatch_health import KEY_UNFINISHED
 from engine.errors import SchemaOutdatedError
 from engine.schema import metadata
+from engine.schema import outbox_events as t
 from tests.old_schema import OLD_STATUSES, create_old_schema
 
 from .conftest import rows
@@ -140,37 +142,41 @@ async def test_a_database_with_the_unordered_indexes_of_0_3_is_refused_then_upgr
     assert await worker.dispatch_once() == DispatchResult(claimed=1, published=1)
 
 
-async def test_a_backlog_index_spelled_with_an_in_list_is_rebuilt_on_sqlite_and_kept_on_postgresql(
-    db,
-):
-    """0.4 spelled the backlog index's predicate as an IN list. SQLite only uses a partial
-    index for queries that repeat its predicate as written, so init-db rebuilds it there;
-    PostgreSQL proves either spelling from the other, so its index stays and serves."""
+OLD_SPELLINGS = {  # 0.4's predicates, with IN lists
+    "ix_outbox_events_type_backlog": (
+        "(status, event_type, tenant_id) WHERE status IN ('pending', 'failed', 'dead_letter')"
+    ),
+    "ix_outbox_events_key_order": (
+        "(ordering_key, seq) WHERE ordering_key IS NOT NULL AND "
+        "(status IN ('pending', 'publishing', 'failed') "
+        "OR (status = 'dead_letter' AND skipped_at IS NULL))"
+    ),
+}
+
+
+async def test_indexes_spelled_with_in_lists_are_rebuilt_on_sqlite_and_kept_on_postgresql(db):
+    """0.4 spelled two partial indexes' predicates with IN lists. SQLite only uses a partial
+    index for queries that repeat its predicate as written, so init-db rebuilds them there;
+    PostgreSQL proves either spelling from the other, so its indexes stay and serve."""
     async with db.begin() as conn:
-        await conn.execute(text("DROP INDEX ix_outbox_events_type_backlog"))
-        await conn.execute(
-            text(
-                "CREATE INDEX ix_outbox_events_type_backlog "
-                "ON outbox_events (status, event_type, tenant_id) "
-                "WHERE status IN ('pending', 'failed', 'dead_letter')"
-            )
-        )
-    backlog, _in_flight = insights.top_types_statements()
+        for name, definition in OLD_SPELLINGS.items():
+            await conn.execute(text(f"DROP INDEX {name}"))
+            await conn.execute(text(f"CREATE INDEX {name} ON outbox_events {definition}"))
     if db.dialect.name == "sqlite":
-        with pytest.raises(SchemaOutdatedError, match="ix_outbox_events_type_backlog") as caught:
+        with pytest.raises(SchemaOutdatedError, match="outbox-tui init-db") as caught:
             await check_schema(db)
-        assert "outbox-tui init-db" in str(caught.value)
-        assert await create_schema(db) == ["created index ix_outbox_events_type_backlog"]
+        assert all(name in str(caught.value) for name in OLD_SPELLINGS)
+        assert sorted(await create_schema(db)) == sorted(
+            f"created index {n}" for n in OLD_SPELLINGS
+        )
         async with db.connect() as conn:
-            stored = (
-                await conn.execute(
-                    text(
-                        "SELECT sql FROM sqlite_master WHERE name = 'ix_outbox_events_type_backlog'"
-                    )
-                )
-            ).scalar_one()
-        assert "status IN" not in stored
+            stored = dict((await conn.execute(text("SELECT name, sql FROM sqlite_master"))).all())
+        assert not [n for n in OLD_SPELLINGS if "status IN" in stored[n]]
     await check_schema(db)
     assert await create_schema(db) == []
+    backlog, _in_flight = insights.top_types_statements()
     plan = await _plan(db, backlog)
     assert "ix_outbox_events_type_backlog" in plan, plan
+    behind_head = select(func.count()).where(t.c.ordering_key == "k", t.c.seq > 1, KEY_UNFINISHED)
+    plan = await _plan(db, behind_head.select_from(t))
+    assert "ix_outbox_events_key_order" in plan, plan
