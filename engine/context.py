@@ -56,8 +56,8 @@ _task_context: ContextVar[TaskContext | EventEnvelope | None] = ContextVar(
     "outbox_task_context", default=None
 )
 # Likewise (envelope, handler key, store): a HandlerInvocation only when asked for.
-_handler_invocation: ContextVar[tuple[EventEnvelope, str, IdempotencyStore] | None] = (
-    ContextVar("outbox_handler_invocation", default=None)
+_handler_invocation: ContextVar[tuple[EventEnvelope, str, IdempotencyStore] | None] = ContextVar(
+    "outbox_handler_invocation", default=None
 )
 
 

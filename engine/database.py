@@ -37,7 +37,7 @@ from engine.errors import (
     SchemaOutdatedError,
     StorageError,
 )
-from engine.schema import metadata
+from engine.schema import metadata, outbox_events
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./outbox.db"
 # The program the engine's hints name (``outbox_tui.PROG`` is the same name; a test keeps
@@ -47,6 +47,12 @@ INIT_DB = f"{PROGRAM} init-db"
 SQLITE_BUSY_TIMEOUT_SECONDS = 30.0
 _READ_ONLY_OPTION = "outbox_read_only"
 _PROMPT_WRITE_OPTION = "outbox_prompt_write"
+_BUSY_TIMEOUT_OPTION = "outbox_busy_timeout"
+# How long a dispatcher's claim and last heartbeat wait for SQLite's write lock: a claim
+# that finds it held longer fails as a storage error and the run loop retries after a
+# pause that a stop cuts short, so a SIGTERM is obeyed within seconds even while another
+# process holds the lock for minutes (SQLite's own wait cannot be interrupted).
+DISPATCHER_BUSY_TIMEOUT_SECONDS = 5.0
 _PROMPT_POLL_SECONDS = 0.001
 _ASYNC_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+asyncpg"}
 _SUPPORTED = ("sqlite+aiosqlite", "postgresql+asyncpg")
@@ -58,6 +64,11 @@ def parse_database_url(url: str | URL) -> URL:
     ``postgresql://`` and ``sqlite:///`` are accepted and mapped to asyncpg and
     aiosqlite; anything else is a ``DatabaseUrlError`` naming the problem.
     """
+    if isinstance(url, str) and raw_at_in_password(url):
+        raise DatabaseUrlError(
+            f"invalid database URL {mask_url(url)!r}: its password holds a raw '@'; "
+            "percent-encode it (@ as %40)"
+        )
     try:
         parsed = make_url(url) if isinstance(url, str) else url
         parsed.port  # noqa: B018 - a non-numeric port only fails when read
@@ -79,28 +90,51 @@ def parse_database_url(url: str | URL) -> URL:
         query = dict(parsed.query)
         query["ssl"] = query.pop("sslmode")
         parsed = parsed.set(query=query)
-    if parsed.drivername.startswith("sqlite") and not parsed.database:
+    if parsed.drivername.startswith("sqlite") and _in_memory(parsed):
         raise DatabaseUrlError(
-            "an in-memory SQLite database cannot be shared by a dispatcher and a console: "
-            "give a file path, e.g. sqlite+aiosqlite:///./outbox.db"
+            "an in-memory SQLite database lasts as long as one connection and no other "
+            "process sees it: give a file path, e.g. sqlite+aiosqlite:///./outbox.db"
         )
     return parsed
 
 
+def _in_memory(url: URL) -> bool:
+    """``sqlite://``, ``sqlite:///:memory:`` or a URI with ``mode=memory`` or the name
+    ``file::memory:``: a database each connection (each process) makes anew and that
+    vanishes with it."""
+    database = url.database or ""
+    if database in ("", ":memory:") or url.query.get("mode") == "memory":
+        return True
+    uri = url.query.get("uri") in ("true", "1")
+    return uri and database.startswith("file::memory:")
+
+
 def mask_url(url: str | URL) -> str:
-    """The URL with its password (in the credentials or the query) replaced by ``***``."""
-    if isinstance(url, URL):
-        text = url.render_as_string(hide_password=True)
-    else:
-        try:
-            text = make_url(url).render_as_string(hide_password=True)
-        except Exception:
-            text = _URL_CREDENTIALS.sub(r"\1***@", url)
+    """The URL with its password (in the credentials or the query) replaced by ``***``.
+
+    A string is masked as written, not parsed: a password with a raw ``@`` (which a
+    parser splits at the first ``@``) is masked up to the last one.
+    """
+    text = (
+        url.render_as_string(hide_password=True)
+        if isinstance(url, URL)
+        else _URL_CREDENTIALS.sub(r"\1***@", url)
+    )
     return _QUERY_PASSWORD.sub(r"\1***", text)
 
 
-_URL_CREDENTIALS = re.compile(r"(://[^:/@\s]*:)[^@\s]*@")
-_RAW_PASSWORD = re.compile(r"://[^:/@\s]*:([^@\s]+)@")
+def raw_at_in_password(url: str) -> bool:
+    """Whether the URL's credentials hold more than one ``@``: a password typed with a raw
+    ``@`` (to be written %40), which parsers split differently (part of it would become
+    the host, and show up in errors)."""
+    credentials = _RAW_PASSWORD.search(url)
+    return credentials is not None and "@" in credentials.group(1)
+
+
+# user:password@ of a URL in any text; the password runs to the last @ of its token (no
+# space, quote or angle bracket), so one holding a raw @ is masked whole.
+_URL_CREDENTIALS = re.compile(r"(://[^:/@\s\"'<>]*:)[^\s\"'<>]*@")
+_RAW_PASSWORD = re.compile(r"://[^:/@\s\"'<>]*:([^\s\"'<>]+)@")
 _QUERY_PASSWORD = re.compile(r"([?&](?:password|passwd|pwd|pass)=)[^&\s'\"]*", re.IGNORECASE)
 # A bare password is masked only where no word, dash or dot touches it.
 _EDGE = r"[\w.-]"
@@ -168,6 +202,12 @@ def read_only_engine(engine: AsyncEngine) -> AsyncEngine:
     return engine.execution_options(**{_READ_ONLY_OPTION: True})
 
 
+def waiting_at_most(engine: AsyncEngine, seconds: float) -> AsyncEngine:
+    """A view of ``engine`` whose SQLite transactions wait at most ``seconds`` for the
+    write lock (instead of ``SQLITE_BUSY_TIMEOUT_SECONDS``); PostgreSQL ignores it."""
+    return engine.execution_options(**{_BUSY_TIMEOUT_OPTION: seconds})
+
+
 def _tune_sqlite(engine: AsyncEngine) -> None:
     sync_engine = engine.sync_engine
 
@@ -186,9 +226,10 @@ def _tune_sqlite(engine: AsyncEngine) -> None:
         options = connection.get_execution_options()
         if options.get(_READ_ONLY_OPTION):
             connection.exec_driver_sql("BEGIN DEFERRED")
-        elif options.get(_PROMPT_WRITE_OPTION):
-            # Fail at once when the lock is held: begin_promptly polls for it.
-            connection.exec_driver_sql("PRAGMA busy_timeout=0")
+        elif options.get(_PROMPT_WRITE_OPTION) or _BUSY_TIMEOUT_OPTION in options:
+            # Prompt: fail at once when the lock is held (begin_promptly polls for it).
+            wait = 0.0 if options.get(_PROMPT_WRITE_OPTION) else options[_BUSY_TIMEOUT_OPTION]
+            connection.exec_driver_sql(f"PRAGMA busy_timeout={int(wait * 1000)}")
             try:
                 connection.exec_driver_sql("BEGIN IMMEDIATE")
             finally:
@@ -257,7 +298,15 @@ def translate_storage_error(exc: BaseException, url: str | URL | None = None) ->
     if isinstance(exc, (OSError, ConnectionError, TimeoutError)) or _is_connection_error(exc):
         where = f" at {mask_url(url)}" if url is not None else ""
         return DatabaseUnavailableError(f"cannot reach the database{where}: {first}")
+    if "readonly database" in first:  # SQLite: WAL writes beside the file, even to read
+        return StorageError(
+            f"database error: {first}: this user cannot write the SQLite file or its "
+            "directory (in WAL mode even a reader needs the -wal and -shm files beside it)"
+        )
     return StorageError(f"database error: {first}")
+
+
+_UNKNOWN_CONNECT_ARGUMENT = re.compile(r"connect\(\) got an unexpected keyword argument '(\w+)'")
 
 
 def _is_connection_error(exc: BaseException) -> bool:
@@ -290,6 +339,14 @@ async def storage_errors(url: str | URL | None = None) -> AsyncIterator[None]:
         raise
     except (SQLAlchemyError, OSError, ConnectionError, TimeoutError) as exc:
         raise translate_storage_error(exc, url) from exc
+    except TypeError as exc:
+        # A URL query parameter the driver's connect() does not take (``?bogus=1``).
+        unknown = _UNKNOWN_CONNECT_ARGUMENT.search(str(exc))
+        if unknown is None:
+            raise
+        raise DatabaseUrlError(
+            f"the database URL has a query parameter its driver does not take: {unknown.group(1)!r}"
+        ) from None
     except Exception as exc:  # asyncpg raises its own tree outside SQLAlchemy at connect
         if type(exc).__module__.startswith(("asyncpg", "sqlite3", "aiosqlite")):
             raise translate_storage_error(exc, url) from exc
@@ -302,12 +359,16 @@ async def create_schema(engine_or_url: AsyncEngine | str | URL) -> list[str]:
     Returns the upgrade steps applied to tables an earlier version made (see
     engine.migrations); empty for a new or current database.
     """
-    from engine.migrations import upgrade_schema
+    from engine.migrations import missing_tables, upgrade_schema
 
     if isinstance(engine_or_url, AsyncEngine):
         async with storage_errors(engine_or_url.url), engine_or_url.begin() as conn:
+            absent = await conn.run_sync(missing_tables)
             await conn.run_sync(metadata.create_all, checkfirst=True)
-            return await upgrade_schema(conn)
+            steps = await upgrade_schema(conn)
+        if outbox_events.name in absent:
+            return steps  # a new database: created, nothing upgraded
+        return [f"created table {name}" for name in absent] + steps
     engine = create_engine(engine_or_url)
     try:
         return await create_schema(engine)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 import os
 import socket
@@ -44,12 +45,13 @@ from engine import pauses, store
 from engine.backoff import BackoffPolicy
 from engine.clock import Clock, utc_now
 from engine.context import _handler_invocation, _task_context
-from engine.database import read_only_engine
-from engine.envelope import EventEnvelope, delivered_envelope
+from engine.database import DISPATCHER_BUSY_TIMEOUT_SECONDS, read_only_engine, waiting_at_most
+from engine.envelope import EventEnvelope, attach_raw_payload, delivered_envelope
 from engine.errors import ConfigurationError, EventHandlerPermanentError, EventValidationError
 from engine.handler_timeouts import HandlerTimedOut, HandlerTimeouts
 from engine.idempotency import HandlerRunRecord, IdempotencyStore
 from engine.registry import EventRegistry, RegisteredHandler
+from engine.schema import DEAD_LETTER, FAILED, PUBLISHED
 from engine.store import PAYLOAD_TOO_DEEP, ClaimedRow
 
 log = logging.getLogger("engine.dispatcher")
@@ -62,6 +64,8 @@ DEFAULT_MAX_CONCURRENCY = 200
 # parameters per row, well inside every driver's limit at this size.
 MAX_BATCH_SIZE = 1000
 DEFAULT_HANDLER_TIMEOUT = 10.0
+# Completions in doubt kept for counting at once (a few rounds' worth; more go uncounted).
+IN_DOUBT_LIMIT = 4 * MAX_BATCH_SIZE
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,12 +98,16 @@ class ExternalPublishResult:
     ``failed`` maps event ids to an error (retried with backoff); ids in
     ``unattempted`` were not sent at all (the round stopped, for example the
     broker went away) and go back without spending an attempt. Any id in none
-    of the three sets is treated as failed.
+    of the three sets is treated as failed. ``unavailable``: ids of ``failed``
+    whose failure was the broker being away, not the event; such a failure is
+    retried with backoff like any other but never spends an event's last
+    attempt, so an outage, however long, dead-letters nothing.
     """
 
     published: set[str] = field(default_factory=set)
     failed: dict[str, str] = field(default_factory=dict)
     unattempted: set[str] = field(default_factory=set)
+    unavailable: set[str] = field(default_factory=set)
 
 
 class ExternalPublisher(Protocol):
@@ -146,6 +154,7 @@ class _Outcome:
     reason: str | None = None
     runs: list[HandlerRunRecord] | None = None
     ran: tuple[RegisteredHandler, ...] = ()
+    away: bool = False  # failed because the external publisher's broker was away
 
 
 @dataclass(slots=True)
@@ -166,15 +175,16 @@ def _runs_until(
     event_id: str,
     handlers: Sequence[RegisteredHandler],
     failed_key: str,
-    error: str,
+    error: str | None,
 ) -> list[HandlerRunRecord]:
-    """The run records of a delivery that failed at ``failed_key``: a success for each
+    """The run records of a delivery that stopped at ``failed_key``: a success for each
     handler before it (one skipped as done before is already recorded so, and a success
-    is never written over) and the failure."""
+    is never written over) and its failure, unless it never started (``error`` None)."""
     runs = []
     for registered in handlers:
         if registered.key == failed_key:
-            runs.append(HandlerRunRecord(event_id, failed_key, False, error))
+            if error is not None:
+                runs.append(HandlerRunRecord(event_id, failed_key, False, error))
             break
         runs.append(HandlerRunRecord(event_id, registered.key, True))
     return runs
@@ -245,6 +255,7 @@ class OutboxDispatcher:
             )
         self.engine = engine
         self._reader = read_only_engine(engine)  # made once: each call builds a new view
+        self._claimer = waiting_at_most(engine, DISPATCHER_BUSY_TIMEOUT_SECONDS)
         self.registry = registry
         self.dispatcher_id = dispatcher_id or default_dispatcher_id()
         self.batch_size = batch_size
@@ -271,7 +282,10 @@ class OutboxDispatcher:
         self._ordered_first = True
         self._ranges: tuple[str, ...] | None = None  # the claim's plan (store.claim_batch)
         self._prefetched: _Batch | None = None
-        self._lost_ahead = 0  # rows claimed ahead that were taken over before hand-back
+        # Counts no round has returned yet (see report_unreported).
+        self._unreported = DispatchResult()
+        # Claims whose completion write raised: it may have committed all the same.
+        self._in_doubt: dict[str, int] = {}
 
     @property
     def start_budget(self) -> timedelta:
@@ -284,20 +298,54 @@ class OutboxDispatcher:
         Once ``stop`` is set, events not yet started go back unattempted; the ones
         in flight finish (each handler within its timeout) and are recorded.
         """
+        result = DispatchResult()
         if self.lock_provider is not None and not await self.lock_provider.acquire():
-            lost = await self.release_prefetched()  # another dispatcher holds the lock now
-            return DispatchResult(lost_leases=lost)
-        try:
-            result = await self._round(stop)
-        finally:
-            if self.lock_provider is not None:
-                await self.lock_provider.release()
-        if self._lost_ahead:  # claims ahead refused at hand-back count like any other
-            result = result + DispatchResult(lost_leases=self._lost_ahead)
-            self._lost_ahead = 0
+            await self.release_prefetched()  # another dispatcher holds the lock now
+        else:
+            try:
+                await self._settle_in_doubt()
+                result = await self._round(stop)
+            finally:
+                if self.lock_provider is not None:
+                    await self.lock_provider.release()
+        return await self.report_unreported(result)
+
+    async def report_unreported(self, result: DispatchResult | None = None) -> DispatchResult:
+        """``result`` plus what happened since the last report that no round returned:
+        completions in doubt that landed, lost leases of hand-backs, and the counts of a
+        round that raised after some of its writes. Observers see the sum. The run loop
+        calls this once more on stop, so totals and metrics miss nothing."""
+        result = (result or DispatchResult()) + self._unreported
+        self._unreported = DispatchResult()
         for observer in self.observers:
             await observer.observe_round(result)
         return result
+
+    def _doubt(self, outcomes: Iterable[_Outcome]) -> None:
+        """Remember completions whose write raised, to count the ones that landed later."""
+        for o in outcomes:
+            if o.kind != "unattempted" and len(self._in_doubt) < IN_DOUBT_LIMIT:
+                self._in_doubt[o.row.event_id] = o.row.claim_version
+
+    async def _settle_in_doubt(self) -> None:
+        """Count the completions in doubt that the database did commit.
+
+        A write whose commit was cut off (the server restarted mid-COMMIT) may have
+        landed; without this, the totals and metrics would miss those events for
+        good, as no one delivers them again. The ones that did not land go back to
+        the pool when their lease expires and are counted when next completed.
+        """
+        if not self._in_doubt:
+            return
+        async with self._reader.connect() as conn:
+            landed = await store.completions_landed(conn, list(self._in_doubt.items()))
+        self._in_doubt.clear()
+        statuses = collections.Counter(landed.values())
+        self._unreported = self._unreported + DispatchResult(
+            published=statuses[PUBLISHED],
+            failed=statuses[FAILED],
+            dead_lettered=statuses[DEAD_LETTER],
+        )
 
     async def _publisher_ready(self) -> bool:
         """False while the external publisher's circuit is open (see ExternalPublisher)."""
@@ -349,9 +397,27 @@ class OutboxDispatcher:
             return DispatchResult()
         completions = _Completions(self, len(batch.rows))
         completions.add_all(batch.undeliverable)
+        stopping = stop is not None and stop.is_set()
+        try:
+            await self._deliver_and_record(batch, completions, stop, stopping)
+        except BaseException:
+            # Writes that succeeded before the error happened all the same: the next
+            # report carries them (a storage error ends this round, not the count).
+            self._unreported = self._unreported + completions.result
+            raise
+        return completions.result
+
+    async def _deliver_and_record(
+        self,
+        batch: _Batch,
+        completions: _Completions,
+        stop: asyncio.Event | None,
+        stopping: bool,
+    ) -> None:
+        """Deliver (or relay) the batch while claiming the next one ahead, if worth it, and
+        write the outcomes; keep or hand back the batch claimed ahead."""
         deliverable = batch.deliverable()
         upcoming: asyncio.Task[_Batch] | None = None
-        stopping = stop is not None and stop.is_set()
         worth_it = self.prefetch and self._worth_claiming_ahead(batch)
 
         def claim_ahead() -> None:
@@ -387,7 +453,6 @@ class OutboxDispatcher:
                         stopping = stop is not None and stop.is_set()
                         keep = written and clean and not stopping
                         await self._keep_or_release(upcoming, keep=keep)
-        return completions.result
 
     async def _claim(self) -> _Batch:
         """Claim a batch in one transaction and decode it (undeliverable rows set apart)."""
@@ -396,7 +461,7 @@ class OutboxDispatcher:
             self._seq_floor = 0  # now and then from the first row: retries below the floor
         if self._seq_floor == 0:
             self._floor_since = claimed_at
-        async with self.engine.begin() as conn:
+        async with self._claimer.begin() as conn:
             batch = await store.claim_batch(
                 conn,
                 scope=await self._claim_scope(conn),
@@ -511,24 +576,21 @@ class OutboxDispatcher:
                 type(exc).__name__,
             )
 
-    async def release_prefetched(self) -> int:
-        """Hand back the batch claimed ahead, if any (the run loop calls this on stop).
-
-        Returns how many of its rows had been taken over meanwhile (lost leases).
-        """
+    async def release_prefetched(self) -> None:
+        """Hand back the batch claimed ahead, if any, and count the completions still in
+        doubt (the run loop calls this on stop, then ``report_unreported``)."""
         held, self._prefetched = self._prefetched, None
-        lost = await self._release(held)
-        self._lost_ahead = 0  # reported by this return instead of by a round
-        return lost
+        await self._release(held)
+        await self._settle_in_doubt()
 
-    async def _release(self, batch: _Batch | None) -> int:
+    async def _release(self, batch: _Batch | None) -> None:
         """Hand a batch that was claimed but never started back, spending no attempt (fenced).
 
-        Returns how many rows it no longer held (their lease expired and another
-        dispatcher took them over); the next round reports them as lost leases.
+        Rows it no longer held (their lease expired and another dispatcher took them
+        over) are lost leases, reported with the next round (``report_unreported``).
         """
         if batch is None or not batch.rows:
-            return 0
+            return
         claims = [(r.event_id, r.claim_version) for r in batch.rows]
         async with self.engine.begin() as conn:
             released = await store.release_unattempted(
@@ -541,8 +603,7 @@ class OutboxDispatcher:
                 self.dispatcher_id,
                 lost,
             )
-            self._lost_ahead += lost
-        return lost
+            self._unreported = self._unreported + DispatchResult(lost_leases=lost)
 
     def _budget(self, row: ClaimedRow) -> int:
         """The row's attempt budget, unless this dispatcher overrides every row's."""
@@ -575,7 +636,7 @@ class OutboxDispatcher:
             return (stop is not None and stop.is_set()) or self.clock() >= deadline
 
         workers = _Workers(
-            self, rows, envelopes, done, timeouts, completions, must_not_start, on_waiting
+            self, rows, envelopes, done, timeouts, completions, must_not_start, on_waiting, deadline
         )
         try:
             await workers.run()
@@ -647,9 +708,10 @@ class OutboxDispatcher:
             payload,
             created_at,
             attempts,
-            max_attempts,
+            self._budget_of(max_attempts),  # the budget this dispatcher applies
             claim_version,
             replays,
+            raw,
         )
 
     def _decode(self, row: ClaimedRow) -> tuple[EventEnvelope | None, str]:
@@ -669,7 +731,13 @@ class OutboxDispatcher:
             )
         except EventValidationError as exc:
             return None, f"schema: {exc}"
-        return EventEnvelope.from_row(values, payload), ""
+        envelope = EventEnvelope.from_row(values, payload)
+        budget = self._budget_of(envelope.max_attempts)
+        if budget != envelope.max_attempts:  # the budget this dispatcher applies
+            envelope = dataclasses.replace(envelope, max_attempts=budget)
+        if type(row.raw_payload) is str:  # the relay sends the text as stored
+            attach_raw_payload(envelope, row.raw_payload)
+        return envelope, ""
 
     async def _run_handlers(
         self,
@@ -678,14 +746,32 @@ class OutboxDispatcher:
         done: set[tuple[str, str]],
         timeouts: HandlerTimeouts,
         worker: asyncio.Task[None] | None,
+        deadline: datetime,
     ) -> _Outcome:
+        """Run the event's handlers one after another, each within the handler timeout.
+
+        The first one started before ``deadline`` (the round's start budget); each later
+        one starts only if it is not past yet either, so no handler of the event can run
+        past the lease while another dispatcher takes the event (and its key) over. An
+        event whose handlers need longer fails (a retry skips the ones that succeeded).
+        """
         event_id = envelope.event_id
         handlers = self.registry.handlers_for(envelope.event_type)
         context_token = _task_context.set(envelope)  # its TaskContext, when asked for
+        started = False
         try:
             for registered in handlers:
                 if done and (event_id, registered.key) in done:
                     continue  # already succeeded on an earlier delivery
+                if started and self.clock() >= deadline:
+                    error = (
+                        f"{registered.key}: not started: the handlers before it spent the "
+                        f"start budget ({self.start_budget.total_seconds():g} s of the "
+                        f"{self.lease.total_seconds():g} s lease)"
+                    )
+                    runs = _runs_until(event_id, handlers, registered.key, None)
+                    return _Outcome(row, "failed", error, None, runs)
+                started = True
                 handler_token = _handler_invocation.set(
                     (envelope, registered.key, self.idempotency)
                 )
@@ -729,7 +815,8 @@ class OutboxDispatcher:
                 outcomes.append(_Outcome(row, "unattempted"))
             else:
                 error = sent.failed.get(row.event_id, "not confirmed by the external publisher")
-                outcomes.append(_Outcome(row, "failed", error))
+                away = row.event_id in getattr(sent, "unavailable", ())  # an older publisher
+                outcomes.append(_Outcome(row, "failed", error, away=away))
         return outcomes
 
     async def _complete(self, outcomes: Sequence[_Outcome]) -> DispatchResult:
@@ -762,7 +849,9 @@ class OutboxDispatcher:
             released = await store.release_unattempted(conn, untouched, fence)
             lost += len(untouched) - len(released)
             for o in setbacks:
-                if o.kind == "failed" and o.row.attempt_count < self._budget(o.row):
+                # An outage never takes the last attempt: that one is given back.
+                refund = o.away and o.row.attempt_count >= self._budget(o.row)
+                if o.kind == "failed" and (refund or o.row.attempt_count < self._budget(o.row)):
                     retry_at = now + self.backoff.delay(o.row.attempt_count)
                     ok = await store.mark_failed(
                         conn,
@@ -771,6 +860,7 @@ class OutboxDispatcher:
                         fence,
                         error=o.error or "failed",
                         next_retry_at=retry_at,
+                        refund_attempt=refund,
                     )
                     failed += ok
                 else:
@@ -844,9 +934,11 @@ class _Workers:
         completions: _Completions,
         must_not_start: Callable[[], bool],
         on_waiting: Callable[[], None],
+        deadline: datetime,
     ) -> None:
         """Once ``must_not_start()``, rows left are handed back unattempted; ``on_waiting``
-        is called when a second handler call starts while another is mid-call."""
+        is called when a second handler call starts while another is mid-call; after
+        ``deadline`` an event's next handler does not start (``_run_handlers``)."""
         self._dispatcher = dispatcher
         self._queue = collections.deque(rows)
         self._envelopes = envelopes
@@ -858,6 +950,7 @@ class _Workers:
         self._in_calls = 0  # workers inside a handler call right now
         self._must_not_start = must_not_start
         self._on_waiting = on_waiting
+        self._deadline = deadline
 
     async def run(self) -> None:
         """Deliver every row (or hand it back); returns once every worker has finished."""
@@ -868,8 +961,12 @@ class _Workers:
                 await self._tasks[awaited]
                 awaited += 1
         finally:
-            for task in self._tasks:
-                task.cancel()  # a no-op for finished ones; none outlives an aborted round
+            if any(not task.done() for task in self._tasks):  # aborted: a worker raised
+                self._queue.clear()  # start nothing more
+                for task in self._tasks:
+                    task.cancel()
+                # None outlives the round: no handler runs, nor outcome arrives, after it.
+                await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def _spawn(self) -> None:
         self._tasks.append(asyncio.create_task(self._work()))
@@ -889,7 +986,12 @@ class _Workers:
                 self._spawn()
             try:
                 outcome = await self._dispatcher._run_handlers(
-                    row, self._envelopes[row.event_id], self._done, self._timeouts, me
+                    row,
+                    self._envelopes[row.event_id],
+                    self._done,
+                    self._timeouts,
+                    me,
+                    self._deadline,
                 )
             finally:
                 self._in_calls -= 1
@@ -961,5 +1063,6 @@ class _Completions:
             written = await self._dispatcher._complete(outcomes)
         except Exception as exc:
             self._error = exc
+            self._dispatcher._doubt(outcomes)
             return
         self.result = self.result + written

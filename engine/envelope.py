@@ -29,6 +29,11 @@ class EventEnvelope:
     claim_version: int = 0
     replay_count: int = 0
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    # The payload's JSON text as stored, when the envelope was built from a row: the relay
+    # sends it as is (a decode to floats and back would change numbers such as
+    # 12345678901234567.89). Not an init field, so ``dataclasses.replace`` clears it
+    # instead of pairing a new payload with the old text.
+    raw_payload: str | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def actor_id(self) -> str | None:
@@ -89,9 +94,14 @@ class EventEnvelope:
 _new = object.__new__
 # Each field's slot descriptor's __set__, in field order.
 (_ID, _TENANT, _TYPE, _VERSION, _AGG_TYPE, _AGG_ID, _PAYLOAD, _CREATED, _ATTEMPTS, _MAX, _CLAIM,
- _REPLAYS, _METADATA) = (
+ _REPLAYS, _METADATA, _RAW) = (
     EventEnvelope.__dict__[name].__set__ for name in EventEnvelope.__dataclass_fields__
 )  # fmt: skip
+
+
+def attach_raw_payload(envelope: EventEnvelope, raw_payload: str) -> None:
+    """Give a freshly built envelope its payload's stored text (see ``raw_payload``)."""
+    _RAW(envelope, raw_payload)
 
 
 def delivered_envelope(
@@ -107,6 +117,7 @@ def delivered_envelope(
     max_attempts: int,
     claim_version: int,
     replay_count: int,
+    raw_payload: str | None = None,
 ) -> EventEnvelope:
     """``EventEnvelope(...)`` with no metadata, for every event a dispatcher delivers.
 
@@ -128,4 +139,5 @@ def delivered_envelope(
     _CLAIM(envelope, claim_version)
     _REPLAYS(envelope, replay_count)
     _METADATA(envelope, {})
+    _RAW(envelope, raw_payload)
     return envelope

@@ -22,6 +22,12 @@ class HandlerTimedOut(TimeoutError):
     """A handler ran past ``handler_timeout_seconds`` and was cancelled."""
 
 
+class CancelledByHandler(Exception):
+    """A handler raised ``CancelledError`` while no one cancelled its worker (it awaited a
+    future or task that was cancelled under it): a failure of that handler, not a reason
+    to abort the round and every other handler in flight."""
+
+
 class HandlerTimeouts:
     """Run awaitables in the calling task, each cancelled once it runs ``limit`` seconds."""
 
@@ -48,6 +54,8 @@ class HandlerTimeouts:
                 self._expired.discard(task)
                 if task.uncancel() == 0:  # ours was the only cancellation
                     raise HandlerTimedOut from None
+            elif task.cancelling() == 0:
+                raise CancelledByHandler("raised CancelledError without being cancelled") from None
             raise
         finally:
             del self._running[task]

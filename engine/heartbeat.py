@@ -23,6 +23,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from engine.clock import Clock, utc_now
+from engine.database import DISPATCHER_BUSY_TIMEOUT_SECONDS, waiting_at_most
 from engine.schema import process_heartbeats
 
 RUNNING = "running"
@@ -48,6 +49,9 @@ class Heartbeat:
         if not instance_id:
             raise ValueError("a heartbeat needs a non-empty instance_id")
         self.engine = engine
+        # On SQLite a heartbeat waits a few seconds at most for the write lock: a stop is
+        # not held up by another process's long transaction (a beat that fails is retried).
+        self._writer = waiting_at_most(engine, DISPATCHER_BUSY_TIMEOUT_SECONDS)
         self.instance_id = instance_id
         self.kind = kind
         self.min_interval = min_interval
@@ -97,7 +101,7 @@ class Heartbeat:
             "details": dict(details),
         }
         self._last_attempt = time.monotonic()
-        async with self.engine.begin() as conn:
+        async with self._writer.begin() as conn:
             insert = (postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert)(hb)
             stmt = insert.values(values).on_conflict_do_update(
                 index_elements=[hb.c.instance_id],

@@ -375,11 +375,7 @@ def stuck_statement(now: datetime) -> Select[Any]:
     read each row (17 of a 37 ms overview on 1,000,000 SQLite rows with 10,000 in flight),
     where the lease index alone answers.
     """
-    return (
-        select(func.count())
-        .select_from(t)
-        .where(text(LEASED_PREDICATE), t.c.locked_until < now)
-    )
+    return select(func.count()).select_from(t).where(text(LEASED_PREDICATE), t.c.locked_until < now)
 
 
 def top_types_statements() -> tuple[Select[Any], Select[Any]]:

@@ -46,7 +46,7 @@ from typing import Any
 from sqlalchemy import Connection, inspect, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from engine.schema import SQLITE_SEQ_TRIGGER, outbox_events, replay_log
+from engine.schema import SQLITE_SEQ_TRIGGER, metadata, outbox_events, replay_log
 
 #: Columns added since the first release: (table, column).
 ADDED_COLUMNS = (
@@ -55,8 +55,6 @@ ADDED_COLUMNS = (
     ("outbox_events", "skipped_at"),
     ("outbox_replay_log", "action"),
 )
-#: Tables added since the first release: every dispatcher reads them.
-ADDED_TABLES = ("outbox_pauses", "outbox_pause_log")
 # Replaced by ix_outbox_events_unordered and ix_outbox_events_leased (now on locked_by),
 # then (0.4) the unordered ones by ix_outbox_events_waiting and _waiting_type, which hold
 # no row in flight, and _leased by ix_outbox_events_lease_expiry, whose predicate the
@@ -76,18 +74,27 @@ _RESPELLED = {
 }
 
 
+def missing_tables(sync_conn: Connection) -> list[str]:
+    """The tables of this version the database lacks (a new database lacks them all):
+    added since an earlier version, or dropped by hand. ``create_all`` makes them."""
+    present = set(inspect(sync_conn).get_table_names())
+    return [table.name for table in metadata.sorted_tables if table.name not in present]
+
+
 def missing_columns(sync_conn: Connection) -> list[str]:
-    """``table.column`` names, then whole tables, this version needs and the database lacks."""
+    """``table.column`` names this version needs and the database's tables lack (a table
+    that is missing altogether is made whole: see ``missing_tables``)."""
     inspector = inspect(sync_conn)
+    present = set(inspector.get_table_names())
     found: dict[str, set[str]] = {}
     missing = []
     for table, column in ADDED_COLUMNS:
+        if table not in present:
+            continue
         if table not in found:
             found[table] = {c["name"] for c in inspector.get_columns(table)}
         if column not in found[table]:
             missing.append(f"{table}.{column}")
-    tables = set(inspector.get_table_names())
-    missing.extend(table for table in ADDED_TABLES if table not in tables)
     return missing
 
 
@@ -113,14 +120,16 @@ def missing_indexes(sync_conn: Connection) -> list[str]:
     database lacks (the claim names its indexes on SQLite, and needs them everywhere),
     or has with a predicate spelled as an earlier version did (``respelled_indexes``)."""
     found = _index_names(sync_conn)
-    missing = [f"index {i.name}" for i in outbox_events.indexes if i.name not in found]
+    names = sorted(str(i.name) for i in outbox_events.indexes)  # a set: name order, stable
+    missing = [f"index {name}" for name in names if name not in found]
     respelled = respelled_indexes(sync_conn)
     return missing + [f"index {name} (this version's predicate)" for name in respelled]
 
 
 def outdated_parts(sync_conn: Connection) -> list[str]:
-    """Everything this version needs and the database lacks: columns, tables, indexes."""
-    return missing_columns(sync_conn) + missing_indexes(sync_conn)
+    """Everything this version needs and the database lacks: tables, columns, indexes."""
+    tables = [f"table {name}" for name in missing_tables(sync_conn)]
+    return tables + missing_columns(sync_conn) + missing_indexes(sync_conn)
 
 
 def _upgrade(sync_conn: Connection) -> list[str]:
@@ -131,8 +140,6 @@ def _upgrade(sync_conn: Connection) -> list[str]:
         sync_conn.execute(text(sql))
 
     for name in missing_columns(sync_conn):
-        if "." not in name:  # a table: create_all made it before this step
-            continue
         table, column = name.split(".")
         if name == "outbox_events.seq":
             if pg:  # PostgreSQL numbers the existing rows as it adds the identity column

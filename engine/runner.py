@@ -401,13 +401,14 @@ class _RunLoop:
 
     async def _stop(self) -> None:
         try:
-            self.summary.lost_leases += await self.dispatcher.release_prefetched()
+            await self.dispatcher.release_prefetched()
         except STORAGE_ERRORS as exc:  # its lease expires; cleanup must not hide the outcome
             log.warning(
                 "dispatcher %s: could not hand back the batch claimed ahead: %s",
                 self.dispatcher.dispatcher_id,
                 self._describe(exc),
             )
+        self.summary.add(await self.dispatcher.report_unreported())
         if self.listener is not None:
             try:
                 await self.listener.close()

@@ -25,7 +25,9 @@ dispatchers of one outbox the same value. See docs/dispatcher.md.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import os
+import re
+from collections.abc import Collection, Mapping
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 import annotated_types
@@ -39,9 +41,9 @@ from pydantic import (
 )
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
-from engine.database import DEFAULT_DATABASE_URL, parse_database_url
+from engine.database import DEFAULT_DATABASE_URL, mask_secrets, parse_database_url
 from engine.dispatcher import DEFAULT_MAX_CONCURRENCY, MAX_BATCH_SIZE
 from engine.errors import ConfigurationError, DatabaseUrlError
 from engine.replay import DEFAULT_DEDUP_WINDOW
@@ -329,10 +331,23 @@ def load_settings(*, flags: Collection[str] | None = None, **overrides: Any) -> 
 
 def _validated(init: dict[str, Any], flags: Collection[str] | None) -> OutboxSettings:
     try:
-        settings = OutboxSettings(**init)
+        settings = _from_environment(init)
     except ValidationError as exc:
         raise ConfigurationError(describe_validation_error(exc, flags=flags)) from None
     return _check_url(settings, flags)
+
+
+def _from_environment(init: dict[str, Any]) -> OutboxSettings:
+    """``OutboxSettings(**init)``, with a section variable that is not JSON (say
+    ``OUTBOX_DISPATCHER='{not json'``) reported in one line instead of pydantic-settings'
+    ``SettingsError``, which names neither the variable nor what it must be."""
+    try:
+        return OutboxSettings(**init)
+    except SettingsError as exc:
+        field = re.search(r'field "(\w+)"', str(exc))
+        name = env_of((field.group(1),)) if field else ENV_PREFIX + "*"
+        shown = mask_secrets(repr(os.environ.get(name, "")))
+        raise ConfigurationError(f"{name} must be a JSON object, got {shown}") from None
 
 
 def _check_url(settings: OutboxSettings, flags: Collection[str] | None) -> OutboxSettings:
@@ -360,7 +375,7 @@ def load_settings_for_reading(
     fallen: set[str] = set()
     while True:
         try:
-            settings = OutboxSettings(**init)
+            settings = _from_environment(init)
         except ValidationError as exc:
             loc = exc.errors()[0]["loc"]
             section = str(loc[0]) if loc else ""
@@ -420,6 +435,50 @@ def flag_of(loc: tuple[str, ...]) -> str:
     return "--" + loc[-1].replace("_", "-")
 
 
+def misspelt_variables(environ: Mapping[str, str] | None = None) -> list[str]:
+    """A line for each ``OUTBOX_...`` variable that is no setting but nearly spells one.
+
+    pydantic-settings ignores such a variable, so its setting keeps the default: a
+    misspelt ``OUTBOX_DATABSE_URL`` would quietly point a command at the default SQLite
+    file. Variables far from every setting (a deployment's own ``OUTBOX_...``) pass.
+    """
+    known = _variable_names()
+    lines = []
+    for name in sorted(os.environ if environ is None else environ):
+        upper = name.upper()
+        if not upper.startswith(ENV_PREFIX) or upper in known:
+            continue
+        suffix = upper.removeprefix(ENV_PREFIX)
+        edits, nearest = min((_edits(suffix, k.removeprefix(ENV_PREFIX)), k) for k in known)
+        if edits <= (2 if len(suffix) > 6 else 1):
+            lines.append(f"{name} is not a setting and is ignored: did you mean {nearest}?")
+    return lines
+
+
+def _variable_names() -> set[str]:
+    names = {env_of((name,)) for name in OutboxSettings.model_fields}
+    for section, model in _SECTIONS.items():
+        names.update(env_of((section, name)) for name in model.model_fields)
+    return names
+
+
+def _edits(a: str, b: str) -> int:
+    """Edit distance with adjacent transpositions (``DATABSE`` is one edit from ``DATABASE``)."""
+    if abs(len(a) - len(b)) > 2:
+        return 3
+    previous2: list[int] = []
+    previous = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        current = [i]
+        for j, cb in enumerate(b, 1):
+            cost = min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb))
+            if i > 1 and j > 1 and ca == b[j - 2] and a[i - 2] == cb:
+                cost = min(cost, previous2[j - 2] + 1)
+            current.append(cost)
+        previous2, previous = previous, current
+    return previous[-1]
+
+
 def env_of(loc: tuple[str, ...]) -> str:
     """The environment variable of a setting: ``OUTBOX_DISPATCHER__USE_LOCK``."""
     return ENV_PREFIX + "__".join(part.upper() for part in loc)
@@ -459,7 +518,8 @@ def describe_validation_error(
     )
     value = ctx.get("value", error.get("input"))
     shown = repr(value) if value == "" or not isinstance(value, str | int | float) else value
-    return f"{setting_names(loc, flags)} must be {requirement}, got {shown}"
+    # A URL pasted into the wrong setting must not print its password.
+    return mask_secrets(f"{setting_names(loc, flags)} must be {requirement}, got {shown}")
 
 
 def _conflict(setting: str, value: float, requirement: str) -> PydanticCustomError:
@@ -499,7 +559,11 @@ def _requirement(field: FieldInfo) -> str:
         text = noun + _bounds(field)
     elif annotation is str:
         pattern = next((m.pattern for m in field.metadata if hasattr(m, "pattern")), None)
-        text = "a name of lower-case letters, digits and _" if pattern else "a string"
+        non_empty = any(getattr(m, "min_length", 0) for m in field.metadata)
+        if pattern:
+            text = "a name of lower-case letters, digits and _"
+        else:
+            text = "a non-empty string" if non_empty else "a string"
     else:
         text = "a valid value"
     return text + (", or none" if optional else "")

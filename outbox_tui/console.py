@@ -28,7 +28,7 @@ from engine.operations import (
 from engine.settings import OutboxSettings
 from outbox_tui import PROG
 from outbox_tui.app import ConsoleConfig, OutboxConsole, make_app
-from outbox_tui.cli.errors import exit_status
+from outbox_tui.cli.errors import EXIT_USAGE, exit_status
 from outbox_tui.demo import DEMO_APPS, DEMO_DATABASE_URL, DemoTraffic, prepare_demo_database
 
 
@@ -120,6 +120,14 @@ def run_console(
         message = mask_secrets(" ".join(str(exc).split()), *urls)
         print(f"{PROG}: error: {message}", file=err)
         return exit_status(exc)
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        # Textual would draw into the pipe (escape codes, forever) and read no keys.
+        print(
+            f"{PROG}: error: the console needs a terminal (stdin and stdout are not one); "
+            "in scripts use the commands: stats, dead-letter, dispatch (see --help)",
+            file=err,
+        )
+        return EXIT_USAGE
     with logging_into_console():
         app.run()
     return app.return_code or 0

@@ -123,7 +123,6 @@ async def db(database_url: str) -> AsyncIterator[AsyncEngine]:
         await engine.dispose()
 
 
-
 # Fixtures that stop or restart a service every test shares: such tests run alone, after
 # the parallel part of `make test` (scripts/test.sh), never beside a test using it.
 SERVICE_CONTROL_FIXTURES = {"broker"}

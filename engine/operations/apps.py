@@ -43,7 +43,7 @@ def _register(name: str, registry: EventRegistry) -> None:
         module = importlib.import_module(name)
     except ImportError as exc:
         raise InstalledAppError(f"cannot import installed app {name!r}: {exc}") from None
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # an app that calls sys.exit() on import, too
         raise InstalledAppError(
             f"installed app {name!r} failed while importing: {type(exc).__name__}: {exc}"
         ) from None
@@ -54,7 +54,7 @@ def _register(name: str, registry: EventRegistry) -> None:
         register(registry)
     except OutboxError as exc:
         raise InstalledAppError(f"installed app {name!r}: {exc}") from None
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         raise InstalledAppError(
             f"installed app {name!r} failed in register(): {type(exc).__name__}: {exc}"
         ) from None

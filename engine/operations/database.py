@@ -48,7 +48,7 @@ CHECK_TIMEOUT_SECONDS = 20.0
 def sqlite_path(database_url: str | URL) -> Path | None:
     """The absolute file path of a SQLite URL (None for PostgreSQL or in-memory)."""
     url = parse_database_url(database_url)
-    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
+    if url.get_backend_name() != "sqlite" or not url.database:
         return None
     return Path(url.database).absolute()
 

@@ -84,8 +84,10 @@ def to_cloudevent(
     *,
     source_prefix: str = DEFAULT_SOURCE_PREFIX,
     new_span_id: Callable[[], str] = random_span_id,
+    data: bool = True,
 ) -> dict[str, Any]:
-    """The CloudEvents 1.0 structured envelope of ``envelope`` (a JSON-ready dict)."""
+    """The CloudEvents 1.0 structured envelope of ``envelope`` (a JSON-ready dict);
+    without ``data`` when ``data`` is false (``encode_cloudevent`` adds it)."""
     event: dict[str, Any] = {
         "specversion": SPEC_VERSION,
         "id": envelope.event_id,
@@ -105,7 +107,8 @@ def to_cloudevent(
         traceparent = traceparent_for(trace_id, new_span_id)
         if traceparent is not None:
             event["traceparent"] = traceparent
-    event["data"] = dict(envelope.payload)
+    if data:
+        event["data"] = dict(envelope.payload)
     return event
 
 
@@ -114,6 +117,13 @@ def to_cloudevent(
 _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
-def encode_cloudevent(event: Mapping[str, Any]) -> bytes:
-    """Compact UTF-8 JSON: the message body, encoded once per message."""
-    return _ENCODER.encode(event).encode()
+def encode_cloudevent(event: Mapping[str, Any], raw_data: str | None = None) -> bytes:
+    """Compact UTF-8 JSON: the message body, encoded once per message.
+
+    ``raw_data``: the payload's JSON text as stored, written as the ``data`` member as it
+    is, after the attributes of ``event`` (which then has no ``data`` of its own).
+    """
+    text = _ENCODER.encode(event)
+    if raw_data is not None:
+        text = f'{text[:-1]},"data":{raw_data}}}'
+    return text.encode()

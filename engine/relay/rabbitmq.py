@@ -36,12 +36,37 @@ reached the broker: delivery is at-least-once and consumers dedupe by
 
 Circuit breaker: once a call found the broker away, ``ready()`` answers False
 until the next probe is due, and the dispatcher claims nothing meanwhile: an
-outage spends at most the attempts of the publishes it caught in flight, and the
+outage spends at most the attempts of the publishes it caught in flight (and never
+an event's last: ``ExternalPublishResult.unavailable``), and the
 backlog is not claimed and handed back every round. A probe is a connect
 attempt, after ``probe_interval`` seconds, doubling after each failed probe up to
-``max_probe_interval``; the first probe that connects closes the circuit.
+``max_probe_interval``; the first probe that connects closes the circuit. A broker
+under a resource alarm accepts connections but confirms no publish: each probe then
+lets one call through, which times out, and its events spend attempts but never
+their last, so they wait out the alarm instead of filling the dead letter.
 ``waiting_since`` and ``waiting_reason`` say what the relay is waiting for
 (heartbeats carry them to ``stats`` and the console).
+
+One message the broker refuses (larger than its ``max_message_size``) closes the whole
+channel, and every publish still waiting for its confirm fails with it. That is no
+outage: each of those publishes goes again alone on a fresh channel (a new connection
+if that one went too), and only the one the broker refuses again fails (``refused by
+the broker: ...``, retried with backoff); the others are published (those the broker
+had taken before the close arrive twice). When no fresh channel can be had, the broker
+is away after all: an outage.
+
+A refusal of access (403 ACCESS_REFUSED: the user may not write to the exchange, or to
+that routing key under topic permissions) and a nack (which RabbitMQ sends only when a
+queue cannot take the message, at its ``x-max-length`` with ``x-overflow:
+reject-publish`` as consumers lag behind, or when a queue process failed) are the
+broker's settings or state, not the event's: such an event fails as ``unavailable``,
+so it keeps its last attempt and waits (retried with backoff) instead of filling the
+dead letter. A refused routing key is resent past (one by one, as above), so the other
+types go on. Only when nothing of a call is confirmed (the exchange refused, every
+queue full) is it an outage. Then, as under a resource alarm, each probe connects
+(only the publish is not taken), so such an outage ends with the first confirmed
+publish, not the first connect, and its probe interval grows as for a broker that is
+down; it is warned of once.
 
 Reconnecting is done here, not by ``connect_robust``: a robust channel does not
 wait for the reconnection and failed publishes are not replayed, so every
@@ -54,6 +79,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -66,6 +92,8 @@ from aio_pika.connection import Connection, make_url
 from aiormq.abc import DeliveredMessage
 from aiormq.exceptions import (
     AMQPError,
+    ChannelAccessRefused,
+    ChannelClosed,
     ChannelInvalidStateError,
     DeliveryError,
     PublishError,
@@ -97,16 +125,22 @@ class _Outage(Exception):
     """Internal: the broker went away during a call (carries the error text).
 
     ``sent``: whether any publish of the call may have reached the broker; when
-    False (the connect failed), the whole call goes back unattempted.
+    False (the connect failed), the whole call goes back unattempted. ``refused``:
+    the broker is up but refuses this relay's publishes (access refused).
     """
 
-    def __init__(self, error: str, *, sent: bool) -> None:
+    def __init__(self, error: str, *, sent: bool, refused: bool = False) -> None:
         super().__init__(error)
         self.sent = sent
+        self.refused = refused
 
 
 class _NotConfirmed(Exception):
     """Internal: the broker answered a publish with something other than an ack."""
+
+
+class _Refused(Exception):
+    """Internal: the broker closed the channel over this one message (sent alone)."""
 
 
 class RabbitMqOutboxPublisher:
@@ -137,8 +171,11 @@ class RabbitMqOutboxPublisher:
         new_span_id: Callable[[], str] = random_span_id,
     ) -> None:
         if not url.startswith(("amqp://", "amqps://")):
+            # Not echoed: without its scheme (user:pw@host) no mask finds the password.
+            scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", url)
+            got = f"scheme {scheme.group(1)!r}" if scheme else "no scheme"
             raise ConfigurationError(
-                f"RabbitMQ URL must start with amqp:// or amqps://, got {mask_url(url)!r}"
+                f"RabbitMQ URL must start with amqp:// or amqps:// (it has {got})"
             )
         if not exchange:
             raise ConfigurationError("the RabbitMQ exchange name must not be empty")
@@ -163,6 +200,9 @@ class RabbitMqOutboxPublisher:
         self._broken = False
         self._closed = False
         self._outage: str | None = None  # set while the broker is known to be away
+        # The broker, reachable, takes no publish (``_refusal``): only a confirmed publish
+        # ends such an outage, not a connect.
+        self._refusing = False
         self.probe_interval = probe_interval
         self.max_probe_interval = max_probe_interval
         self._probe_delay = probe_interval
@@ -287,14 +327,19 @@ class RabbitMqOutboxPublisher:
                     if done:
                         continue
                     if outage.sent:
-                        result.failed.setdefault(envelope.event_id, error)
+                        if envelope.event_id not in result.failed:  # not its own failure
+                            result.failed[envelope.event_id] = error
+                            result.unavailable.add(envelope.event_id)
                     else:  # nothing reached the broker: no attempt spent
                         result.unattempted.add(envelope.event_id)
                 left = [e.event_id for rest in calls[index + 1 :] for e in rest]
                 result.unattempted.update(left)
                 failed = sum(e.event_id in result.failed for e in call)
-                self._report_outage(error, failed, len(result.unattempted))
+                self._report_outage(error, failed, len(result.unattempted), outage.refused)
                 break
+        else:
+            if self._refusing and result.published:
+                self._end_outage()
         return result
 
     # -- one call -------------------------------------------------------------------------
@@ -308,7 +353,10 @@ class RabbitMqOutboxPublisher:
         """Publish ``call`` concurrently; raise ``_Outage`` if the broker went away.
 
         An event whose publish never left this process (the channel was closed
-        when it got there) goes to ``result.unattempted``, not ``failed``.
+        when it got there) goes to ``result.unattempted``, not ``failed``. A publish
+        the broker refused (``_refused_publish``: a nack, access refused) keeps its
+        last attempt, but is an outage only when nothing of the call was confirmed:
+        one routing key refused or one queue full must not stop the other types.
         """
         try:
             async with self._lock:
@@ -316,24 +364,33 @@ class RabbitMqOutboxPublisher:
         except BrokerUnavailableError as exc:
             raise _Outage(f"{UNAVAILABLE}: {exc}", sent=False) from None
         outcomes = await self._send_all(exchange, call, prepared)
+        if any(isinstance(outcome, ChannelClosed) for outcome in outcomes):
+            outcomes = await self._one_by_one(call, outcomes, prepared)
         outage: str | None = None
-        sent = False
+        refusal: str | None = None
+        sent = refused = confirmed = False
         for envelope, outcome in zip(call, outcomes, strict=True):
             if outcome is None:
                 result.published.add(envelope.event_id)
-                sent = True
+                sent = confirmed = True
                 continue
             error, is_outage = self._describe(outcome, envelope)
             if isinstance(outcome, ChannelInvalidStateError):
                 result.unattempted.add(envelope.event_id)  # raised before any frame went out
             else:
                 result.failed[envelope.event_id] = error
+                if is_outage:
+                    result.unavailable.add(envelope.event_id)
                 sent = True
-            if is_outage and outage is None:
-                outage = error
+            if is_outage and _refused_publish(outcome):
+                refusal = refusal or error
+            elif is_outage and outage is None:
+                outage, refused = error, _refusal(outcome)
+        if outage is None and refusal is not None and not confirmed:
+            outage, refused = refusal, True  # refused all alike: the broker's settings
         if outage is not None:
             self._broken = True
-            raise _Outage(outage, sent=sent)
+            raise _Outage(outage, sent=sent, refused=refused)
 
     async def _send_all(
         self,
@@ -371,18 +428,93 @@ class RabbitMqOutboxPublisher:
         if late:
             await asyncio.wait(late)
         for task, index in tasks.items():
-            outcomes[index] = (
-                TimeoutError() if task in late else self._confirmation_problem(task)
-            )
+            outcomes[index] = TimeoutError() if task in late else self._confirmation_problem(task)
         return outcomes
+
+    async def _one_by_one(
+        self,
+        call: list[EventEnvelope],
+        outcomes: list[BaseException | None],
+        prepared: dict[str, aio_pika.Message],
+    ) -> list[BaseException | None]:
+        """The broker closed the channel over one message of ``call``: send each publish
+        the close took down again, alone, on a fresh channel (see the module docstring).
+
+        Which one it was cannot be told from the close: publishes sent before it wait
+        for their confirms (written to disk first) and fail with the same error. The
+        pass stops at the first sign of an outage (a resend not confirmed in time, a lost
+        connection) and after ``confirm_timeout`` in all: what it has not sent keeps the
+        close's error, an outage, which spends no event's last attempt.
+        """
+        isolated = list(outcomes)
+        deadline = asyncio.get_running_loop().time() + self.confirm_timeout
+        for index, envelope in enumerate(call):
+            if not isinstance(outcomes[index], ChannelClosed | ChannelInvalidStateError):
+                continue
+            if self._closed or asyncio.get_running_loop().time() > deadline:
+                break
+            try:
+                async with self._lock:
+                    exchange = await self._open_channel()
+            except BrokerUnavailableError:
+                break
+            [outcome] = await self._send_all(exchange, [envelope], prepared)
+            # Sent alone, it was this one; but access refused is the broker's settings.
+            if isinstance(outcome, ChannelClosed) and not isinstance(outcome, ChannelAccessRefused):
+                outcome = _Refused(self._detail(outcome))
+            isolated[index] = outcome
+            if outcome is None or not self._describe(outcome, envelope)[1]:
+                continue
+            if _refused_publish(outcome) and "to topic" in str(outcome):
+                continue  # topic permissions: this routing key only, not the next
+            break  # the broker is away after all, or refuses every publish alike
+        return isolated
+
+    async def _open_channel(self) -> AbstractExchange:
+        """The relay's channel while it is open, else a fresh one (caller holds the lock)."""
+        if self._closed:
+            raise BrokerUnavailableError("the relay is closed")
+        if self._exchange is not None and not self._broken and not self._channel_closed():
+            return self._exchange
+        return await self._fresh_channel()
+
+    async def _fresh_channel(self) -> AbstractExchange:
+        """A new confirming channel, on the open connection when it can be had there, else
+        on a new connection (caller holds the lock).
+
+        Publish frames already queued behind the refused one reach the broker after the
+        channel's close, and the broker may then end the whole connection for them
+        (``CHANNEL_ERROR - expected 'channel.open'``): that is no outage either.
+        """
+        connection = self._connection
+        if connection is None or connection.is_closed:
+            self._broken = True
+            return await self._ensure_connected()
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                channel = await connection.channel(publisher_confirms=True, on_return_raises=True)
+                exchange = await channel.declare_exchange(
+                    self.exchange_name, aio_pika.ExchangeType.TOPIC, durable=True
+                )
+        except Exception as exc:
+            log.debug("a fresh channel failed (%s); connecting again", self._detail(exc))
+            self._broken = True
+            return await self._ensure_connected()
+        channel.close_callbacks.add(self._on_channel_closed)
+        self._channel, self._exchange, self._broken = channel, exchange, False
+        return exchange
 
     def _message(self, envelope: EventEnvelope) -> aio_pika.Message:
         """The persistent AMQP message of one event; its body is encoded once, here."""
+        raw = envelope.raw_payload  # sent as stored, not decoded and encoded again
         event = to_cloudevent(
-            envelope, source_prefix=self.source_prefix, new_span_id=self._new_span_id
+            envelope,
+            source_prefix=self.source_prefix,
+            new_span_id=self._new_span_id,
+            data=raw is None,
         )
         return aio_pika.Message(
-            encode_cloudevent(event),
+            encode_cloudevent(event, raw),
             delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
             message_id=envelope.event_id,
             content_type=CONTENT_TYPE,
@@ -417,11 +549,17 @@ class RabbitMqOutboxPublisher:
                 f"exchange {self.exchange_name} ({code} {text})",
                 False,
             )
-        if isinstance(exc, DeliveryError):
+        if isinstance(exc, DeliveryError):  # a nack: the broker's state, not the message's
             frame = getattr(exc.frame, "name", type(exc.frame).__name__)
-            return f"rejected by the broker ({frame})", False
+            return (
+                f"{UNAVAILABLE}: the broker rejected the publish ({frame}): a queue at its "
+                "x-max-length with x-overflow reject-publish, or a queue that failed",
+                True,
+            )
         if isinstance(exc, _NotConfirmed):
             return str(exc), False
+        if isinstance(exc, _Refused):
+            return f"refused by the broker: {exc}", False
         if isinstance(exc, TimeoutError):
             return (
                 f"{UNAVAILABLE}: no publisher confirm within {self.confirm_timeout:g} s",
@@ -459,11 +597,10 @@ class RabbitMqOutboxPublisher:
         channel.close_callbacks.add(self._on_channel_closed)
         self._connection, self._channel, self._exchange = connection, channel, exchange
         self._broken = False
-        if self._outage is not None:
-            log.info("RabbitMQ at %s is back; publishing again", self.masked_url)
-            self._outage = None
-            self.waiting_since = None
-            self._probe_delay = self.probe_interval
+        if self._refusing:  # connecting was never the trouble
+            log.debug("connected to RabbitMQ at %s again; it took no publish last", self.masked_url)
+        elif self._outage is not None:
+            self._end_outage()
         else:
             log.debug("connected to RabbitMQ at %s", self.masked_url)
         return exchange
@@ -498,16 +635,30 @@ class RabbitMqOutboxPublisher:
         if sender is self._channel:
             self._broken = True
 
+    def _end_outage(self) -> None:
+        log.info("RabbitMQ at %s is back; publishing again", self.masked_url)
+        self._outage, self._refusing = None, False
+        self.waiting_since = None
+        self._probe_delay = self.probe_interval
+
     def _detail(self, exc: BaseException) -> str:
         text = str(exc).strip() or repr(exc)
         return mask_secrets(f"{type(exc).__name__}: {text}", self.url)
 
-    def _report_outage(self, error: str, failed: int, left: int) -> None:
-        """Warn once per outage (the dispatcher may retry every second); then DEBUG."""
+    def _report_outage(self, error: str, failed: int, left: int, refused: bool = False) -> None:
+        """Warn once per outage (the dispatcher may retry every second); then DEBUG.
+
+        A refusal (``_refusal``) recurs at each probe, as every probe connects: the
+        interval grows as for a broker that cannot be reached.
+        """
         level = logging.DEBUG if self._outage is not None else logging.WARNING
         if self._outage is None:
             self.waiting_since = utc_now()
-        self._outage = error
+        elif refused and self._refusing:
+            self._probe_delay = min(
+                max(self._probe_delay * 2, self.probe_interval), self.max_probe_interval
+            )
+        self._outage, self._refusing = error, refused
         self._next_probe = time.monotonic() + self._probe_delay
         log.log(
             level,
@@ -517,6 +668,20 @@ class RabbitMqOutboxPublisher:
             failed,
             left,
         )
+
+
+def _refused_publish(exc: BaseException) -> bool:
+    """A publish the broker, up and taking others, may refuse alone: a nack (its queue is
+    full) or access refused (its routing key, under topic permissions)."""
+    nacked = isinstance(exc, DeliveryError) and not isinstance(exc, PublishError)
+    return nacked or isinstance(exc, ChannelAccessRefused)
+
+
+def _refusal(exc: BaseException) -> bool:
+    """Whether the broker, reachable, did not take the publish: access refused, a nack,
+    or no confirm in time (a resource alarm). Every probe may connect then, so such an
+    outage ends with a confirmed publish."""
+    return _refused_publish(exc) or isinstance(exc, TimeoutError)
 
 
 async def _close_quietly(connection: AbstractConnection) -> None:

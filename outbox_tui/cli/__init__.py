@@ -134,16 +134,23 @@ def prepare_argv(parser: Parser, argv: list[str]) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     import sys
 
-    fallback = Output(json_mode=False)
+    # Before the settings resolve (their errors may echo a value holding a URL): the
+    # fallback masks the credentials of any URL it prints.
+    given = list(sys.argv[1:] if argv is None else argv)
+    fallback = Output(
+        json_mode="--json" in given,
+        stdout=RedactingStream(sys.stdout, Redactor()),  # type: ignore[arg-type]
+        stderr=RedactingStream(sys.stderr, Redactor()),  # type: ignore[arg-type]
+    )
     parser = build_parser()
     try:
-        args_list = prepare_argv(parser, list(sys.argv[1:] if argv is None else argv))
+        args_list = prepare_argv(parser, given)
         args = parser.parse_args(args_list)
         path = _command_path(parser, args_list)
         command = " ".join(path) or "console"
         flags = _options(_command_parser(parser, path))
     except UsageError as exc:
-        fallback.error(mask_secrets(str(exc)))
+        fallback.failed(mask_secrets(str(exc)), EXIT_USAGE)
         return EXIT_USAGE
     inv: Invocation | None = None
 

@@ -43,8 +43,20 @@ from engine.schema import DEAD_LETTER
 from engine.settings import OutboxSettings
 from outbox_tui import PROG, output
 from outbox_tui.cli.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, UsageError
-from outbox_tui.cli.options import Invocation, Parser, add_json, add_settings, subparser
+from outbox_tui.cli.options import (
+    Invocation,
+    Parser,
+    add_json,
+    add_settings,
+    fingerprint,
+    positive_int,
+    subparser,
+    text_of_at_most,
+)
 from outbox_tui.output import ReplayReport, SkipReport
+
+# Not empty; as long as SQLite lets a plain-SQL producer make one (PostgreSQL: 36).
+EVENT_ID = text_of_at_most(4096)
 
 
 def register(sub: Any) -> None:
@@ -81,7 +93,7 @@ def _register_list(inner: Any) -> None:
     lst.add_argument(
         "--limit",
         metavar="N",
-        type=_positive_int,
+        type=positive_int,
         default=100,
         help="at most N events (default 100)",
     )
@@ -106,7 +118,7 @@ def _register_groups(inner: Any) -> None:
     grp.add_argument(
         "--scan-limit",
         metavar="N",
-        type=_positive_int,
+        type=positive_int,
         default=DEFAULT_SCAN_LIMIT,
         help=f"read at most N rows, newest first (default {DEFAULT_SCAN_LIMIT:,})",
     )
@@ -135,6 +147,7 @@ def _register_replay(inner: Any) -> None:
     which.add_argument(
         "--event-id",
         metavar="ID",
+        type=EVENT_ID,
         action="append",
         dest="event_ids",
         help="an event to replay; repeatable",
@@ -148,6 +161,7 @@ def _register_replay(inner: Any) -> None:
     which.add_argument(
         "--group",
         metavar="FINGERPRINT",
+        type=fingerprint,
         help="every dead letter of this error group (see dead-letter groups)",
     )
     _add_filters(rep)
@@ -180,6 +194,7 @@ def _register_skip(inner: Any) -> None:
     skp.add_argument(
         "--event-id",
         metavar="ID",
+        type=EVENT_ID,
         action="append",
         dest="event_ids",
         required=True,
@@ -189,16 +204,6 @@ def _register_skip(inner: Any) -> None:
         skp, "skip", "only report what would be skipped and released; change nothing"
     )
     skp.set_defaults(run=skip_dead_letters)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
-    return value
 
 
 def _add_audited_action(parser: argparse.ArgumentParser, action: str, dry_run: str) -> None:
@@ -302,9 +307,10 @@ async def replay_dead_letters(inv: Invocation) -> int:
             if not plan.ids:  # an unknown fingerprint, or a group of failed rows only
                 report.group_failed = len((await group_events(engine, args.group)).ids)
                 if not report.group_failed:
-                    inv.out.error(
+                    inv.out.failed(
                         f"no error group has the fingerprint {args.group!r}: nothing replayed "
-                        f"(`{PROG} dead-letter groups` lists them)"
+                        f"(`{PROG} dead-letter groups` lists them)",
+                        EXIT_FAILURE,
                     )
                     return EXIT_FAILURE
         else:

@@ -25,7 +25,16 @@ from engine.runner import RunSummary
 from engine.settings import DispatcherSettings
 from outbox_tui import PROG, output
 from outbox_tui.cli.errors import EXIT_OK
-from outbox_tui.cli.options import Invocation, add_broker, add_json, add_settings, subparser
+from outbox_tui.cli.options import (
+    Invocation,
+    add_broker,
+    add_json,
+    add_settings,
+    positive_int,
+    subparser,
+    text_of_at_most,
+)
+from outbox_tui.entry import terminated_during_start_up
 from outbox_tui.output import RunReporter
 
 log = logging.getLogger("outbox_tui.cli")
@@ -48,13 +57,14 @@ def register(sub: Any) -> None:
     run_group.add_argument(
         "--instance-id",
         metavar="ID",
+        type=INSTANCE_ID,
         default=argparse.SUPPRESS,
         help="dispatcher and heartbeat id (default <host>:<pid>)",
     )
     run_group.add_argument(
         "--max-iterations",
         metavar="N",
-        type=_positive_int,
+        type=positive_int,
         default=argparse.SUPPRESS,
         help="stop after N rounds (default: run until SIGTERM/SIGINT)",
     )
@@ -87,6 +97,7 @@ def register(sub: Any) -> None:
     once.add_argument(
         "--instance-id",
         metavar="ID",
+        type=INSTANCE_ID,
         default=argparse.SUPPRESS,
         help="dispatcher id (default <host>:<pid>)",
     )
@@ -100,16 +111,6 @@ def _add_dispatcher_options(parser: argparse.ArgumentParser) -> None:
     add_settings(group, DispatcherSettings)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
-    return value
-
-
 def _port(text: str) -> int:
     try:
         value = int(text)
@@ -118,6 +119,10 @@ def _port(text: str) -> int:
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"expected a port between 0 and 65535, got {value}")
     return value
+
+
+# The heartbeat's instance_id and the lease's locked_by hold 200 characters.
+INSTANCE_ID = text_of_at_most(200)
 
 
 def spec_of(inv: Invocation) -> DispatchSpec:
@@ -189,6 +194,8 @@ def _shutdown_on_signals(shutdown: asyncio.Event, starting: list[bool]) -> Itera
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, request, sig.name)
+    if terminated_during_start_up():  # its exception was lost (see outbox_tui.entry)
+        request(signal.SIGTERM.name)
     try:
         yield
     finally:

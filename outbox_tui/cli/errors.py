@@ -1,4 +1,5 @@
-"""The one place where failures become one line on stderr and an exit status."""
+"""The one place where failures become one line on stderr (and, with ``--json``, an
+``{"error", "exit_status"}`` object on stdout) and an exit status."""
 
 from __future__ import annotations
 
@@ -43,23 +44,24 @@ def run_guarded(body: Callable[[], int], out: Output) -> int:
     try:
         return body()
     except UsageError as exc:
-        out.error(str(exc))
+        out.failed(str(exc), EXIT_USAGE)
         return EXIT_USAGE
     except OutboxError as exc:
         if _closed_pipe(exc):
             _silence_stdout()
             return EXIT_OK
-        out.error(str(exc) or type(exc).__name__)
+        out.failed(str(exc) or type(exc).__name__, exit_status(exc))
         return exit_status(exc)
     except BrokenPipeError:
         _silence_stdout()  # like other Unix tools: no message when the pipe closes
         return EXIT_OK
     except KeyboardInterrupt:
-        out.error("interrupted")
+        out.failed("interrupted", EXIT_INTERRUPTED)
         return EXIT_INTERRUPTED
     except Exception as exc:  # a bug: one line for the operator, the traceback at DEBUG
         log.debug("unexpected error", exc_info=True)
-        out.error(
-            f"unexpected {type(exc).__name__}: {exc} (run with --log-level DEBUG for details)"
+        out.failed(
+            f"unexpected {type(exc).__name__}: {exc} (run with --log-level DEBUG for details)",
+            EXIT_FAILURE,
         )
         return EXIT_FAILURE

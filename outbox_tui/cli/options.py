@@ -11,13 +11,14 @@ from __future__ import annotations
 import argparse
 import sys
 import textwrap
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, get_args
 
 from pydantic import BaseModel
 
 from engine.database import mask_url
+from engine.error_groups import FINGERPRINT_LENGTH
 from engine.settings import (
     ConsoleSettings,
     DispatcherSettings,
@@ -25,6 +26,7 @@ from engine.settings import (
     flag_of,
     load_settings,
     load_settings_for_reading,
+    misspelt_variables,
 )
 from outbox_tui.cli.errors import UsageError
 from outbox_tui.cli.redaction import RedactingStream, Redactor
@@ -40,6 +42,48 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+# The largest count a flag takes: what every database's integer parameters hold.
+MAX_COUNT = 2**31 - 1
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number from 1 to ``MAX_COUNT``."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not 1 <= value <= MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"expected a number from 1 to {MAX_COUNT}, got {value}")
+    return value
+
+
+def text_of_at_most(limit: int) -> Callable[[str], str]:
+    """An argparse type: a non-empty value of at most ``limit`` characters (the column
+    that stores it), so an empty or oversized one is refused before anything runs."""
+
+    def checked(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError("expected a value, got an empty one")
+        if len(text) > limit:
+            raise argparse.ArgumentTypeError(
+                f"expected at most {limit} characters, got {len(text):,}"
+            )
+        return text
+
+    return checked
+
+
+def fingerprint(text: str) -> str:
+    """An argparse type: an error group's fingerprint, as ``dead-letter groups`` shows it."""
+    value = text.strip().lower()
+    if len(value) != FINGERPRINT_LENGTH or any(c not in "0123456789abcdef" for c in value):
+        raise argparse.ArgumentTypeError(
+            f"expected a fingerprint of {FINGERPRINT_LENGTH} hex digits "
+            f"(see dead-letter groups), got {text!r}"
+        )
+    return value
 
 
 def examples(*lines: str) -> str:
@@ -200,6 +244,8 @@ def resolve(
         stdout=RedactingStream(sys.stdout, redact),  # type: ignore[arg-type]
         stderr=RedactingStream(sys.stderr, redact),  # type: ignore[arg-type]
     )
+    for line in misspelt_variables():
+        out.note(line)
     return Invocation(
         args=args,
         command=command,

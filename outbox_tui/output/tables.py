@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from rich.table import Table
+from rich import table as rich_table
+from rich.console import RenderableType
 from rich.text import Text
 
 from engine.error_groups import ErrorGroups
@@ -17,9 +18,26 @@ from engine.insights import TYPE_STATUSES, EventSummary, OverviewSnapshot, TypeC
 from engine.pauses import PausedBacklog
 from outbox_tui.output.records import ReplayReport, SkipReport, stats_record
 from outbox_tui.output.values import age, iso
+from outbox_tui.safe_text import printable
 from outbox_tui.widgets.format import heartbeat_state_text, served_types
 
 _SERVES_CELLS = 40
+
+
+class Table(rich_table.Table):
+    """A rich table whose cells show control characters instead of sending them: row
+    values come from the database (see ``printable``)."""
+
+    def add_row(self, *renderables: RenderableType | None, **options: Any) -> None:
+        super().add_row(*(_printable_cell(r) for r in renderables), **options)
+
+
+def _printable_cell(cell: RenderableType | None) -> RenderableType | None:
+    if isinstance(cell, str):
+        return printable(cell)
+    if isinstance(cell, Text) and printable(cell.plain) != cell.plain:
+        return Text(printable(cell.plain), style=cell.style)
+    return cell
 
 
 def _cell(value: Any, limit: int = 60) -> str:

@@ -17,6 +17,7 @@ from rich.text import Text
 
 from outbox_tui import PROG
 from outbox_tui.output.values import iso
+from outbox_tui.safe_text import printable
 
 
 def _json_default(value: Any) -> Any:
@@ -33,6 +34,11 @@ def _width(stream: TextIO) -> int | None:
         return None if stream.isatty() else 200
     except (AttributeError, ValueError):
         return 200
+
+
+def _one_line(message: object) -> str:
+    """An error message as the one line both the stderr line and the JSON object carry."""
+    return printable(" ".join(str(message).split()))
 
 
 class PipeConsole(Console):
@@ -78,14 +84,21 @@ class Output:
 
     def error(self, message: str) -> None:
         """``outbox-tui: error: <message>`` as one line on stderr, no markup."""
-        line = " ".join(str(message).split())
-        self._stderr.write(f"{PROG}: error: {line}\n")
+        self._stderr.write(f"{PROG}: error: {_one_line(message)}\n")
         self._stderr.flush()
+
+    def failed(self, message: str, status: int) -> None:
+        """A command's failure: the ``error`` line, and in JSON mode also
+        ``{"error": ..., "exit_status": N}`` on stdout, so a script that reads stdout
+        learns why there is no result."""
+        self.error(message)
+        if self.json_mode:
+            self.json({"error": _one_line(message), "exit_status": status})
 
     def note(self, message: str) -> None:
         """A short human remark on stderr (never in JSON mode's stdout)."""
-        self.err_console.print(Text(message, style="dim"), soft_wrap=True)
+        self.err_console.print(Text(printable(message), style="dim"), soft_wrap=True)
 
     def say(self, message: str) -> None:
         """A one-line human result on stdout (text mode)."""
-        self.console.print(Text(message), soft_wrap=True)
+        self.console.print(Text(printable(message)), soft_wrap=True)

@@ -154,9 +154,7 @@ def unserved_note(unserved: Sequence[UnservedType], width: int, *, narrow: bool 
         return fitted
     events = sum(u.count for u in unserved)
     oldest = max(u.oldest_age_seconds for u in unserved)
-    return (
-        f"{plural(len(unserved), 'type')} ({number(events)} events, oldest {duration(oldest)})"
-    )
+    return f"{plural(len(unserved), 'type')} ({number(events)} events, oldest {duration(oldest)})"
 
 
 class DispatchersPanel(Vertical):
@@ -219,9 +217,7 @@ class DispatchersPanel(Vertical):
             return
         narrow = self.size.width < NARROW_BELOW
         note = unserved_note(self._unserved, self.outer_size.width - 4, narrow=narrow)
-        self.border_subtitle = Content.from_markup(
-            f"[b $warning]{UNSERVED}[/] $types", types=note
-        )
+        self.border_subtitle = Content.from_markup(f"[b $warning]{UNSERVED}[/] $types", types=note)
 
     def _fill(self) -> None:
         """The table for the width: its columns set up anew when they change (see

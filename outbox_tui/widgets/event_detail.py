@@ -17,6 +17,7 @@ from textual.widgets import Static
 
 from engine.insights import EventDetail
 from engine.schema import DEAD_LETTER, PUBLISHED
+from outbox_tui.safe_text import printable
 from outbox_tui.widgets.format import (
     MUTED_STYLE,
     one_line,
@@ -194,7 +195,8 @@ def render_detail(
 
     ``waiting``: the events of its ordering key behind it, when the caller counted them.
     """
-    c = detail.columns
+    # Stored text (producers', handlers' and outside systems') shown, never sent as control.
+    c = {k: printable(v) if isinstance(v, str) else v for k, v in detail.columns.items()}
     status = str(c.get("status", ""))
     title = Text.assemble(status_text(status), "  ", (str(c.get("id", "")), "bold"))
     identity = _grid(
@@ -203,7 +205,7 @@ def render_detail(
             ("tenant", Text(str(c.get("tenant_id")))),
             ("aggregate", Text(f"{c.get('aggregate_type')}:{c.get('aggregate_id')}")),
             *_ordering_rows(detail, now, waiting),
-            ("trace id", Text(detail.trace_id or "—")),
+            ("trace id", Text(printable(detail.trace_id or "—"))),
             ("created", _when(c.get("created_at"), now)),
         ]
     )
@@ -244,7 +246,8 @@ def render_detail(
     payload: RenderableType
     if detail.payload_error:
         payload = Group(
-            Text(detail.payload_error, style=ERROR), Text(one_line(detail.payload, 2000))
+            Text(printable(detail.payload_error), style=ERROR),
+            Text(one_line(detail.payload, 2000)),
         )
     else:
         payload = _payload_tree(detail.payload)

@@ -9,6 +9,8 @@ from typing import Any
 from rich.cells import cell_len
 from rich.text import Text
 
+from outbox_tui.safe_text import printable
+
 # Rich styles: cells and detail sections are Rich renderables (no Textual variables).
 RICH_STATUS_STYLES = {
     "pending": "bold #5fafff",
@@ -101,11 +103,13 @@ def fitted(value: int | None, width: int) -> str:
 
 def short_id(event_id: str) -> str:
     """The tail of a UUIDv7: the head is a timestamp shared by neighbours."""
+    event_id = printable(event_id)
     return "…" + event_id[-12:] if len(event_id) > 13 else event_id
 
 
 def one_line(value: Any, width: int | None = None) -> str:
-    text = " ".join(str(value).split()) if value is not None else ""
+    """A stored value on one line, control characters spelled out (``printable``)."""
+    text = printable(" ".join(str(value).split())) if value is not None else ""
     if width is not None and len(text) > width:
         return text[: max(0, width - 1)] + "…"
     return text

@@ -20,6 +20,7 @@ from rich.text import Text
 from textual.widgets import DataTable
 from textual.widgets.data_table import CellType, ColumnKey, RowKey
 
+from outbox_tui.safe_text import printable
 from outbox_tui.widgets.plain_cell import plain_cell_lines
 
 
@@ -30,8 +31,8 @@ def text_width(text: Text) -> int:
 
 def literal(value: Any) -> Any:
     """``value`` as plain text when it is a ``str`` (one line, as DataTable makes a ``str``
-    of a one-line row); anything else as it is."""
-    return Text(value, no_wrap=True, end="") if isinstance(value, str) else value
+    of a one-line row; control characters spelled out); anything else as it is."""
+    return Text(printable(value), no_wrap=True, end="") if isinstance(value, str) else value
 
 
 class LiteralTable(DataTable[CellType]):

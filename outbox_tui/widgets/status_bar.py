@@ -64,9 +64,7 @@ class StatusBar(Static):
         text.no_wrap, text.overflow = True, "ellipsis"
         return text
 
-    def _line(
-        self, name: bool, refresh: bool, dispatch_label: str, url: str, *look: str
-    ) -> Text:
+    def _line(self, name: bool, refresh: bool, dispatch_label: str, url: str, *look: str) -> Text:
         label, style = look
         sep = ("  │  ", "#5f5f5f")
         parts: list[tuple[str, str] | str] = []

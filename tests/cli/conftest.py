@@ -7,9 +7,11 @@ directory, so the default ``./outbox.db`` never lands in the repository.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import selectors
+import signal
 import subprocess
 import sys
 import time
@@ -19,7 +21,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from engine import OutboxDispatcher, create_engine, create_schema
 from engine.schema import outbox_events
@@ -108,9 +110,38 @@ def dispatch_args(app: str, *options: str) -> tuple[str, ...]:
 
 def cli_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
-    env.update(COLUMNS="200", PYTHONUNBUFFERED="1", NO_COLOR="1")
+    # PYTHONFAULTHANDLER: a child that hangs prints its threads' stacks on SIGABRT.
+    env.update(COLUMNS="200", PYTHONUNBUFFERED="1", NO_COLOR="1", PYTHONFAULTHANDLER="1")
     env.update(extra)
     return env
+
+
+def abort_for_stacks(proc: subprocess.Popen[str]) -> None:
+    """End a child that did not exit in time with SIGABRT, so that its stderr ends with
+    every thread's Python stack (faulthandler, see ``cli_env``): where it hung, in the
+    failure message, instead of a bare timeout."""
+    proc.send_signal(signal.SIGABRT)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+async def sigterm_handled(proc: subprocess.Popen[str], within: float = 30) -> None:
+    """Wait until ``proc`` has its SIGTERM handler (``SigCgt`` in /proc): a signal before
+    that ends the interpreter by default, a window no program can close, and longer than
+    a test's fixed delay when a loaded machine starts Python slowly."""
+    bit = 1 << (signal.SIGTERM - 1)
+    deadline = time.monotonic() + within
+    while True:
+        assert proc.poll() is None, "exited before handling SIGTERM"
+        status = Path(f"/proc/{proc.pid}/status").read_text()  # noqa: ASYNC240 - procfs
+        caught = next(line for line in status.splitlines() if line.startswith("SigCgt:"))
+        if int(caught.split()[1], 16) & bit:
+            return
+        assert time.monotonic() < deadline, f"no SIGTERM handler within {within}s"
+        await asyncio.sleep(0.005)
 
 
 class Cli:
@@ -206,6 +237,18 @@ async def status_counts(url: str) -> dict[str, int]:
             t = outbox_events
             rows = await conn.execute(select(t.c.status, func.count()).group_by(t.c.status))
             return {status: int(n) for status, n in rows}
+    finally:
+        await engine.dispose()
+
+
+async def rewrite_dead_letters(url: str, **values: str) -> None:
+    """Overwrite columns of every dead letter, as a plain-SQL writer (or an outside
+    system's error text) could have left them."""
+    engine = create_engine(url)
+    try:
+        async with engine.begin() as conn:
+            t = outbox_events
+            await conn.execute(update(t).where(t.c.status == "dead_letter").values(**values))
     finally:
         await engine.dispose()
 

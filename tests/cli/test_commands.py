@@ -14,7 +14,7 @@ from engine import EventRegistry, OutboxEventPublisher, create_engine, create_sc
 from engine.insights import EventFilter, OutboxInsights
 from engine.schema import DEAD_LETTER, PUBLISHED, outbox_events, replay_log
 from outbox_tui.cli import main
-from tests.cli.conftest import APP, Cli, sqlite_only, status_counts
+from tests.cli.conftest import APP, Cli, rewrite_dead_letters, sqlite_only, status_counts
 from tests.engine.conftest import CTX
 
 STATS_KEYS = {
@@ -162,6 +162,20 @@ async def test_stats_after_work(cli: Cli, dead_letters_url: str) -> None:
     assert "dead_letter" in text.stdout and "no dispatcher heartbeats yet" in text.stdout
 
 
+@sqlite_only
+async def test_a_misspelt_variable_is_named_on_stderr_and_the_command_goes_on(
+    cli: Cli, dead_letters_url: str
+) -> None:
+    env = {"OUTBOX_DATABASE_URL": dead_letters_url, "OUTBOX_DISPATCHER_BATCH_SIZE": "50"}
+    result = cli("stats", "--json", env=env)
+    assert result.returncode == 0, result
+    assert result.json()["total"] > 0
+    assert result.stderr.strip() == (
+        "OUTBOX_DISPATCHER_BATCH_SIZE is not a setting and is ignored: "
+        "did you mean OUTBOX_DISPATCHER__BATCH_SIZE?"
+    )
+
+
 async def test_dead_letter_list(cli: Cli, dead_letters_url: str) -> None:
     env = {"OUTBOX_DATABASE_URL": dead_letters_url}
     result = cli("dead-letter", "list", "--json", env=env)
@@ -184,6 +198,26 @@ async def test_dead_letter_list(cli: Cli, dead_letters_url: str) -> None:
     table = cli("dead-letter", "list", "--event-type", "orders.placed", env=env)
     assert table.returncode == 0, table
     assert all(e["id"] in table.stdout for e in events)
+
+
+async def test_control_characters_stored_in_rows_are_shown_not_sent(
+    cli: Cli, dead_letters_url: str
+) -> None:
+    """An error text from an outside system may hold escape sequences: in text output they
+    are spelled out, never sent to the operator's terminal (JSON escapes them anyway)."""
+    await rewrite_dead_letters(
+        dead_letters_url,
+        tenant_id="t\x1b]0;TITLE\x07",
+        last_error="\x1b[31mRED\x1b[0m vendor said no",
+        dead_letter_reason="\x1b[2Jcleared",
+    )
+    env = {"OUTBOX_DATABASE_URL": dead_letters_url, "COLUMNS": "200"}
+    for args in (("dead-letter", "list"), ("dead-letter", "groups"), ("stats",)):
+        result = cli(*args, env=env)
+        assert result.returncode == 0, result
+        assert "\x1b" not in result.stdout and "\x07" not in result.stdout, args
+    listed = cli("dead-letter", "list", env=env).stdout
+    assert "\\x1b[2Jcleared" in listed
 
 
 async def _ids(url: str, status: str) -> list[str]:

@@ -81,6 +81,48 @@ async def ready_url(sqlite_url: str) -> str:
             id="broker-down",
         ),
         pytest.param(
+            ["--demo"],
+            {},
+            ["the console needs a terminal", "stats, dead-letter, dispatch"],
+            2,
+            id="console-without-a-terminal",
+        ),
+        pytest.param(
+            ["stats"],
+            {"OUTBOX_DISPATCHER": "{not json"},
+            ["OUTBOX_DISPATCHER must be a JSON object, got '{not json'"],
+            2,
+            id="section-not-json",
+        ),
+        pytest.param(
+            ["dead-letter", "replay", "--group", "", "--yes"],
+            {},
+            ["--group: expected a fingerprint of 12 hex digits", "''"],
+            2,
+            id="empty-group",
+        ),
+        pytest.param(
+            ["dead-letter", "replay", "--event-id", "", "--yes"],
+            {},
+            ["--event-id: expected a value, got an empty one"],
+            2,
+            id="empty-event-id",
+        ),
+        pytest.param(
+            ["dispatch-once", "--installed-app", APP, "--instance-id", "x" * 201],
+            {},
+            ["--instance-id: expected at most 200 characters, got 201"],
+            2,
+            id="instance-id-longer-than-its-column",
+        ),
+        pytest.param(
+            ["dead-letter", "list", "--limit", "99999999999999999999999"],
+            {},
+            ["--limit: expected a number from 1 to 2147483647"],
+            2,
+            id="huge-limit",
+        ),
+        pytest.param(
             ["stats", "--bogus"],
             {},
             ["unrecognized arguments: --bogus", "--help"],
@@ -122,6 +164,24 @@ def test_one_line_errors(
     result.assert_one_error_line(*fragments, status=status)
     assert result.stdout == ""
     assert ":hunter2@" not in result.output and ":guest@" not in result.output
+
+
+def test_with_json_a_failure_is_also_a_json_object_on_stdout(cli: Cli, tmp_path: Path) -> None:
+    """A script reading stdout learns why there is no result: the same line as stderr's,
+    and the exit status."""
+    missing = f"sqlite+aiosqlite:///{tmp_path}/missing.db"
+    for args, status in (
+        (("stats", "--json", "--database-url", missing), 1),
+        (("dead-letter", "list", "--json", "--limit", "0"), 2),
+        (("stats", "--json", "--database-url", "mysql://app:hunter2@db/app"), 2),
+    ):
+        result = cli(*args)
+        line = result.assert_one_error_line(status=status)
+        assert result.json() == {
+            "error": line.removeprefix("outbox-tui: error: "),
+            "exit_status": status,
+        }
+        assert "hunter2" not in result.output
 
 
 def test_console_refuses_a_missing_database_in_one_line(cli: Cli, tmp_path: Path) -> None:
@@ -177,6 +237,29 @@ async def test_passwords_are_never_printed(cli: Cli, pg_url: str) -> None:
     )
     bad_login.assert_one_error_line("password authentication failed", status=1)
     assert wrong not in bad_login.output
+
+
+def test_a_url_in_the_wrong_setting_is_masked_in_its_error(cli: Cli, tmp_path: Path) -> None:
+    """Settings errors echo the bad value; one holding a URL must not print its password
+    (also before the database URL itself is known, and upper-cased by --log-level)."""
+    url = f"sqlite+aiosqlite:///{tmp_path}/x.db"
+    channel = cli(
+        "dispatch-once",
+        "--installed-app",
+        APP,
+        "--database-url",
+        url,
+        env={"OUTBOX_DISPATCHER__WAKEUP_CHANNEL": "postgresql://u:EnvS3cret@h/d"},
+    )
+    channel.assert_one_error_line(
+        "--wakeup-channel must be", "got postgresql://u:***@h/d", status=2
+    )
+    level = cli(
+        "stats", "--database-url", url, env={"OUTBOX_LOG_LEVEL": "postgresql://u:LvS3cret@h/d"}
+    )
+    level.assert_one_error_line("--log-level must be", status=2)
+    for result in (channel, level):
+        assert "S3CRET" not in result.output.upper(), result
 
 
 def test_the_engine_and_the_front_end_name_the_same_program() -> None:

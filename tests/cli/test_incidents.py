@@ -11,7 +11,7 @@ from engine import create_engine
 from engine.clock import utc_now
 from engine.pauses import pause_history
 from engine.schema import DEAD_LETTER, PENDING, outbox_events
-from tests.cli.conftest import Cli, sqlite_only, status_counts
+from tests.cli.conftest import APP, Cli, sqlite_only, status_counts
 
 GROUP_KEYS = {
     "fingerprint",
@@ -123,8 +123,13 @@ async def test_a_group_replay_of_an_unknown_fingerprint_says_so(
     before = await status_counts(dead_letters_url)
     for extra in ((), ("--json",), ("--dry-run",)):
         unknown = cli("dead-letter", "replay", "--group", "000000000000", "--yes", *extra, env=env)
-        unknown.assert_one_error_line("no error group has the fingerprint '000000000000'", status=1)
-        assert unknown.stdout == ""
+        line = unknown.assert_one_error_line(
+            "no error group has the fingerprint '000000000000'", status=1
+        )
+        if "--json" in extra:
+            assert unknown.json() == {"error": line.split(": ", 2)[2], "exit_status": 1}
+        else:
+            assert unknown.stdout == ""
     assert await status_counts(dead_letters_url) == before
 
     # A group of failed rows only is known: nothing to replay, and that is not an error.
@@ -204,6 +209,18 @@ async def test_a_group_replay_checks_the_dedup_window_too(cli: Cli, dead_letters
 
 
 # -- pause and resume ------------------------------------------------------------------
+
+
+async def test_pausing_a_type_no_installed_app_registers_notes_the_likely_typo(
+    cli: Cli, orders_url: str
+) -> None:
+    env = _env(orders_url)
+    args = ("--reason", "typo?", "--yes", "--installed-app", APP)
+    typo = cli("pause", "--event-type", "orders.plcaed", *args, env=env)
+    assert typo.returncode == 0, typo  # held anyway: another service may serve it
+    assert "register no event type 'orders.plcaed'; check the name" in typo.stderr
+    known = cli("pause", "--event-type", "orders.placed", *args, env=env)
+    assert known.returncode == 0 and "check the name" not in known.stderr, known
 
 
 async def test_pause_and_resume_are_audited_and_listed_by_stats(cli: Cli, orders_url: str) -> None:

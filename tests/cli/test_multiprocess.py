@@ -8,6 +8,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from sqlalchemy import select
+
 from engine import (
     EventRegistry,
     OutboxEventPublisher,
@@ -17,6 +19,7 @@ from engine import (
     unit_of_work,
 )
 from engine.publisher import OutboxEvent
+from engine.schema import outbox_events
 from tests.cli import counting_app
 from tests.cli.conftest import (
     COUNTING_APP,
@@ -44,6 +47,18 @@ async def _seed(url: str) -> None:
         await engine.dispose()
 
 
+async def _holders(url: str) -> set[str]:
+    """The dispatchers that hold rows in flight."""
+    engine = create_engine(url)
+    try:
+        async with engine.connect() as conn:
+            t = outbox_events
+            held = await conn.execute(select(t.c.locked_by).where(t.c.status == "publishing"))
+            return {holder for (holder,) in held}
+    finally:
+        await engine.dispose()
+
+
 async def test_two_dispatcher_processes_share_the_work_and_never_double_handle(
     database_url: str, cli: Cli, tmp_path: Path
 ) -> None:
@@ -61,7 +76,10 @@ async def test_two_dispatcher_processes_share_the_work_and_never_double_handle(
     try:
         for proc in procs:  # both are up and dispatching
             assert next(read_json_lines(proc))["event"] == "started"
-        await asyncio.sleep(1.0)  # each claims a batch and waits at the barrier
+        deadline = time.monotonic() + 60  # each claims a batch and waits at the barrier
+        while len(await _holders(database_url)) < 2:
+            assert time.monotonic() < deadline, await _holders(database_url)
+            await asyncio.sleep(0.1)
         go.touch()
         deadline = time.monotonic() + 60
         while (await status_counts(database_url)).get("published", 0) < EVENTS:

@@ -122,3 +122,12 @@ def test_an_installed_app_in_the_working_directory_or_app_dir(
     assert there.returncode == 0, there
     missing = cli("dispatch-once", "--installed-app", "far_orders", env=env)
     missing.assert_one_error_line("cannot import installed app 'far_orders'", status=2)
+
+
+def test_an_installed_app_that_exits_while_importing_is_one_line(cli: Cli) -> None:
+    """``sys.exit(3)`` in an app module ended the CLI with status 3 and no word."""
+    (cli.cwd / "quitting_app.py").write_text("import sys\nsys.exit(3)\n")
+    result = cli("dispatch-once", "--installed-app", "quitting_app")
+    result.assert_one_error_line(
+        "installed app 'quitting_app' failed while importing: SystemExit: 3", status=2
+    )

@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import Callable
 
 import pytest
+from textual.command import CommandList, CommandPalette
 from textual.pilot import Pilot
 
 from engine import OutboxDispatcher, create_engine, create_schema
@@ -17,6 +18,8 @@ from outbox_tui.app import ConsoleConfig, OutboxConsole, make_app
 from outbox_tui.apps import load_registry
 from outbox_tui.examples.orders import create_tables
 from outbox_tui.examples.orders.traffic import generate_orders
+from outbox_tui.screens.confirm import ConfirmModal
+from outbox_tui.widgets.event_table import EventTable
 
 SIZE = (160, 45)
 # A dispatcher that reacts in tens of milliseconds and keeps every published row.
@@ -86,7 +89,7 @@ def console(
 
 
 async def until(
-    pilot: Pilot[object], predicate: Callable[[], object], what: str, seconds: float = 5.0
+    pilot: Pilot[object], predicate: Callable[[], object], what: str, seconds: float = 15.0
 ) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + seconds
@@ -94,6 +97,20 @@ async def until(
         if loop.time() > deadline:
             raise AssertionError(f"timed out after {seconds}s waiting for {what}")
         await pilot.pause(0.02)
+
+
+async def screenshot_when(
+    pilot: Pilot[object], predicate: Callable[[str], object], what: str
+) -> str:
+    """The first screenshot ``predicate`` accepts (a pause can end before the screen is drawn)."""
+    shot = [""]
+
+    def taken() -> object:
+        shot[0] = pilot.app.export_screenshot()
+        return predicate(shot[0])
+
+    await until(pilot, taken, what)
+    return shot[0]
 
 
 async def started(pilot: Pilot[object]) -> OutboxConsole:
@@ -108,6 +125,58 @@ async def refreshed(pilot: Pilot[object]) -> None:
     before = app.main.refreshes
     app.main.poll_now()
     await until(pilot, lambda: app.main.refreshes > before, "a refresh")
+
+
+async def open_dead_letters(pilot: Pilot[object], app: OutboxConsole) -> EventTable:
+    """Press d and wait until the table lists dead letters (a worker loads the page: until
+    then the mode has changed but the rows, and so the highlighted event, have not)."""
+    await pilot.press("d")
+    table = app.main.query_one(EventTable)
+    await until(pilot, lambda: table.mode == "dead_letters" and table.row_count, "dead letters")
+    return table
+
+
+async def dialog(pilot: Pilot[object], what: str = "the dialog") -> ConfirmModal:
+    """Wait until a confirmation dialog is up and takes keys: mounted, the focus on Cancel.
+
+    Some dialogs are pushed by a worker after a query, and every one sets its focus in
+    ``on_mount``: a key sent before then reaches the screen below, or no widget.
+    """
+    app = pilot.app
+
+    def ready() -> bool:
+        screen = app.screen
+        focused = screen.focused
+        return isinstance(screen, ConfirmModal) and focused is not None and focused.id == "cancel"
+
+    await until(pilot, ready, f"{what} to be up with the focus on Cancel")
+    assert isinstance(app.screen, ConfirmModal)
+    return app.screen
+
+
+async def palette_offers(pilot: Pilot[object], query: str, title: str) -> None:
+    """Type ``query`` into the open command palette and wait until its first hit is ``title``.
+
+    The palette searches in a worker and keeps showing the previous search's hits (at
+    first every command) until the new search ends: an ``enter`` before then runs
+    whatever came first in the list shown.
+    """
+    app = pilot.app
+    await until(pilot, lambda: isinstance(app.screen, CommandPalette), "the palette")
+    await pilot.press(*query)
+
+    def first_hit() -> str | None:
+        palette = app.screen
+        if not isinstance(palette, CommandPalette):
+            return None
+        hits = palette.query_one(CommandList)
+        if hits.option_count == 0 or hits.highlighted is None:
+            return None
+        return str(hits.get_option_at_index(hits.highlighted).hit.text)  # type: ignore[attr-defined]
+
+    await until(
+        pilot, lambda: first_hit() == title, f"the palette to offer {title!r} for {query!r}"
+    )
 
 
 async def counts(url: str) -> dict[str, int]:
@@ -156,7 +225,7 @@ async def press_to_exit(pilot: Pilot[object], *keys: str) -> None:
     """
     task = asyncio.create_task(pilot.press(*keys))
     try:
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(30):
             while pilot.app.return_code is None:  # noqa: ASYNC110 - no event to wait on
                 await asyncio.sleep(0.02)
     finally:

@@ -14,9 +14,7 @@ PACKAGE = ROOT / "outbox_tui"
 # Every module of the front ends, so a new one cannot escape the rule; the example app is a
 # user's code (it writes its own business tables) and is exempt.
 CONSOLE_FILES = sorted(
-    path
-    for path in PACKAGE.glob("**/*.py")
-    if path.relative_to(PACKAGE).parts[0] != "examples"
+    path for path in PACKAGE.glob("**/*.py") if path.relative_to(PACKAGE).parts[0] != "examples"
 )
 # What the console may take from SQLAlchemy: engine types and the pool class, no statements.
 ALLOWED_SQLALCHEMY = {"sqlalchemy.ext.asyncio", "sqlalchemy.pool"}

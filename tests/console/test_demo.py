@@ -42,6 +42,6 @@ async def test_demo_creates_its_database_and_comes_alive(tmp_path, monkeypatch):
             )
 
         await until(
-            pilot, alive, "published rows, dead letters, a blocked key and new orders", seconds=10
+            pilot, alive, "published rows, dead letters, a blocked key and new orders", seconds=30
         )
         assert app.traffic is not None and app.traffic.placed >= 0

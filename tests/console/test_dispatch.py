@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from engine import EventRegistry, create_engine
 from engine.insights import OutboxInsights
-from outbox_tui.screens.confirm import ConfirmModal
 
-from .conftest import SIZE, console, counts, press_to_exit, started, until
+from .conftest import SIZE, console, counts, dialog, press_to_exit, started, until
 
 
 async def heartbeat(url: str, instance_id: str = "console:test"):
@@ -47,13 +46,13 @@ async def test_s_starts_dispatch_and_s_y_stops_it_gracefully(seeded_url, orders_
                 )
             ),
             "the console's dispatcher to drain the outbox",
-            seconds=10,
+            seconds=30,
         )
         [mine] = [hb for hb in snap().heartbeats if hb.instance_id == "console:test"]
         assert mine.state == "alive" and mine.iterations > 0
 
         await pilot.press("s")
-        assert isinstance(app.screen, ConfirmModal)
+        await dialog(pilot, "the stop dialog")
         await pilot.press("y")
         await until(pilot, lambda: app.main.dispatch_state == "stopped", "a graceful stop")
         assert s_key(app) == "Start dispatch"

@@ -19,7 +19,15 @@ from outbox_tui.screens.error_groups import ErrorGroupsScreen
 from outbox_tui.screens.group_events import GroupEventsScreen
 from outbox_tui.widgets.event_detail import EventDetailPane
 from outbox_tui.widgets.footer import ConsoleFooter
-from tests.console.conftest import SIZE, console, counts, started, until
+from tests.console.conftest import (
+    SIZE,
+    console,
+    counts,
+    dialog,
+    open_dead_letters,
+    started,
+    until,
+)
 
 SMALL = (80, 24)
 
@@ -46,13 +54,6 @@ async def _age_dead_letters(url: str) -> None:
         await engine.dispose()
 
 
-async def _dialog(pilot, app, what: str) -> None:
-    """Wait until the dialog is up and mounted (its keys reach it)."""
-    await until(pilot, lambda: isinstance(app.screen, ConfirmModal), what)
-    await pilot.pause()
-    await pilot.pause()
-
-
 def _body(app: object) -> str:
     return str(app.screen.query_one("#confirm-body", Static).render())  # type: ignore[attr-defined]
 
@@ -75,7 +76,7 @@ async def test_g_lists_the_groups_and_shift_r_replays_one(seeded_url, orders_reg
         for _ in range(index):
             await pilot.press("down")
         await pilot.press("R")
-        await _dialog(pilot, app, "the dialog")
+        await dialog(pilot, "the dialog")
         body = _body(app)
         assert f"{group.dead_letters:,} dead letter" in body
         assert next(iter(group.event_types)) in body
@@ -93,16 +94,15 @@ async def test_replay_dialogs_warn_outside_the_dedup_window(sqlite_seeded, order
     app = console(sqlite_seeded, orders_registry)
     async with app.run_test(size=SIZE) as pilot:
         await started(pilot)
-        await pilot.press("d")
-        await until(pilot, lambda: app.main.mode == "dead_letters", "the dead letters")
+        await open_dead_letters(pilot, app)
         await pilot.press("R")
-        await _dialog(pilot, app, "the bulk dialog")
+        await dialog(pilot, "the bulk dialog")
         assert f"{dead} of {dead} event(s) are older than the consumers' 7-day" in _body(app)
         await pilot.pause()
         await pilot.press("escape")
         await until(pilot, lambda: not isinstance(app.screen, ConfirmModal), "the dialog closed")
         await pilot.press("r")
-        await _dialog(pilot, app, "the dialog")
+        await dialog(pilot, "the dialog")
         assert "1 of 1 event(s) are older" in _body(app)
         await pilot.press("n")
 
@@ -113,10 +113,9 @@ async def _replay_dialog_body(url, registry, ahead: timedelta, **config: object)
     app.clock = lambda: utc_now() + ahead
     async with app.run_test(size=SIZE) as pilot:
         await started(pilot)
-        await pilot.press("d")
-        await until(pilot, lambda: app.main.mode == "dead_letters", "the dead letters")
+        await open_dead_letters(pilot, app)
         await pilot.press("r")
-        await _dialog(pilot, app, "the dialog")
+        await dialog(pilot, "the dialog")
         body = _body(app)
         await pilot.press("n")
     return body
@@ -144,21 +143,21 @@ async def test_p_pauses_and_resumes_the_highlighted_type(seeded_url, orders_regi
         await started(pilot)
         event_type = app.main._target().kind.rsplit(" v", 1)[0]
         await pilot.press("p")
-        await _dialog(pilot, app, "the pause dialog")
+        await dialog(pilot, "the pause dialog")
         assert f"Pause {event_type} (every tenant)?" in _body(app)
         await pilot.press("y")  # no reason: refused
         await until(pilot, lambda: not isinstance(app.screen, ConfirmModal), "the dialog closed")
         assert await _pauses(seeded_url) == []
 
         await pilot.press("p")
-        await _dialog(pilot, app, "the pause dialog")
+        await dialog(pilot, "the pause dialog")
         await pilot.press(*"vendor down", "enter", "y")
         await until(pilot, lambda: not isinstance(app.screen, ConfirmModal), "the dialog closed")
         await app.workers.wait_for_complete()
         assert await _pauses(seeded_url) == [event_type]
 
         await pilot.press("p")
-        await _dialog(pilot, app, "the resume dialog")
+        await dialog(pilot, "the resume dialog")
         assert "vendor down" in _body(app) and f"Resume {event_type}" in _body(app)
         await pilot.press("y")
         await until(pilot, lambda: not isinstance(app.screen, ConfirmModal), "the dialog closed")
@@ -225,7 +224,7 @@ async def test_the_pause_dialog_counts_what_waits_and_asks_for_a_reason(
         expected = await _waiting(seeded_url, event_type)
         assert expected > 0
         await pilot.press("p")
-        await _dialog(pilot, app, "the pause dialog")
+        await dialog(pilot, "the pause dialog")
         assert f"waiting now   {expected:,} events" in _body(app)
         label = str(app.screen.query_one("#reason-label", Label).render())
         assert label == "Reason (required)"
@@ -234,12 +233,16 @@ async def test_the_pause_dialog_counts_what_waits_and_asks_for_a_reason(
         await app.workers.wait_for_complete()
 
         await pilot.press("p")
-        await _dialog(pilot, app, "the resume dialog")
+        await dialog(pilot, "the resume dialog")
         assert f"{expected:,} events" in _body(app)
         label = str(app.screen.query_one("#reason-label", Label).render())
         assert label == "Reason (optional)"
         await pilot.press("y")
         await until(pilot, lambda: not isinstance(app.screen, ConfirmModal), "the dialog closed")
+
+
+INCIDENT_KEYS = ["r", "R", "g", "p", "s", "?", "q"]
+WIDE_KEYS = {"/", "d", "e", "b", "^p"}
 
 
 def _footer(screen: object) -> list[str]:
@@ -248,20 +251,36 @@ def _footer(screen: object) -> list[str]:
     return [f"{k.key_display} {k.description}".strip() for k in keys if k.display]
 
 
+def _keys(screen: object) -> list[str]:
+    """The footer's keys as shown, without their descriptions: ``["r", "R", ...]``."""
+    return [s.split()[0] for s in _footer(screen)]
+
+
+def _laid_out(footer: ConsoleFooter) -> bool:
+    """Every key shown has its width (a key the footer composed anew has none until then)."""
+    return all(k.outer_size.width > 0 for k in footer.query(FooterKey) if k.display)
+
+
+def _shows_the_wide_footer(keys: list[str]) -> bool:
+    return keys[:7] == INCIDENT_KEYS and set(keys) >= WIDE_KEYS
+
+
 async def test_the_footer_shows_the_incident_keys_whole_at_80_columns(
     sqlite_seeded, orders_registry
 ):
     app = console(sqlite_seeded, orders_registry)
     async with app.run_test(size=SMALL) as pilot:
         await started(pilot)
-        await pilot.pause()
-        shown = _footer(app.main)
-        assert [s.split()[0] for s in shown] == ["r", "R", "g", "p", "s", "?", "q"]
         footer = app.main.query_one(ConsoleFooter)
+        await until(
+            pilot,
+            lambda: _keys(app.main) == INCIDENT_KEYS and _laid_out(footer),
+            "the footer at 80 columns",
+        )
+        assert _keys(app.main) == INCIDENT_KEYS
         assert sum(k.outer_size.width for k in footer.query(FooterKey) if k.display) <= 80
         await pilot.resize_terminal(160, 48)
-        await pilot.pause()
-        await pilot.pause()
-        wide = [s.split()[0] for s in _footer(app.main)]
-        assert wide[:7] == ["r", "R", "g", "p", "s", "?", "q"]
-        assert {"/", "d", "e", "b", "^p"} <= set(wide)
+        await until(pilot, lambda: _shows_the_wide_footer(_keys(app.main)), "the wide footer")
+        wide = _keys(app.main)
+        assert wide[:7] == INCIDENT_KEYS
+        assert set(wide) >= WIDE_KEYS

@@ -14,7 +14,7 @@ from outbox_tui.widgets.event_detail import EventDetailPane, render_detail
 from outbox_tui.widgets.event_table import EventTable
 from outbox_tui.widgets.overview import CountTile
 
-from .conftest import SIZE, console, press_to_exit, refreshed, started, until
+from .conftest import SIZE, console, palette_offers, press_to_exit, refreshed, started, until
 
 
 def table_ids(app) -> list[str]:
@@ -81,11 +81,17 @@ async def test_enter_opens_detail_that_follows_the_cursor(sqlite_seeded, orders_
         await pilot.press("enter")
         first = table.highlighted.id
         await until(pilot, lambda: pane.event_id == first, "the detail of the first row")
+        await until(pilot, lambda: pane.region.width > 0, "the detail pane on screen")
         assert pane.region.width > 0
         await pilot.press("down")
         second = table.highlighted.id
         await until(pilot, lambda: pane.event_id == second, "the detail to follow the cursor")
         await pilot.press("escape")
+        await until(
+            pilot,
+            lambda: not app.main.detail_open and pane.region.width == 0,
+            "the detail pane to close",
+        )
         assert not app.main.detail_open and pane.region.width == 0
 
 
@@ -161,8 +167,7 @@ async def test_help_screen_and_command_palette(sqlite_seeded, orders_registry):
 
         await pilot.press("ctrl+p")
         await until(pilot, lambda: app.screen is not app.main, "the palette")
-        await pilot.press(*"dead")
-        await pilot.pause(0.3)
+        await palette_offers(pilot, "dead", "Show dead letters")
         await pilot.press("enter")
         await until(pilot, lambda: app.main.mode == "dead_letters", "the palette command")
 

@@ -14,7 +14,6 @@ from engine import create_engine
 from engine.insights import BlockedKey, EventFilter, OutboxInsights
 from engine.registry import EventRegistry
 from engine.schema import DEAD_LETTER, replay_log
-from outbox_tui.screens.confirm import ConfirmModal
 from outbox_tui.screens.filter import FilterModal
 from outbox_tui.screens.help import HelpScreen, keys_table
 from outbox_tui.widgets.blocked_keys import BlockedKeysTable
@@ -22,7 +21,17 @@ from outbox_tui.widgets.event_detail import EventDetailPane, render_detail
 from outbox_tui.widgets.event_table import EventTable
 from outbox_tui.widgets.overview import CountTile
 
-from .conftest import SIZE, console, paste, refreshed, seed, started, until
+from .conftest import (
+    SIZE,
+    console,
+    dialog,
+    palette_offers,
+    paste,
+    refreshed,
+    seed,
+    started,
+    until,
+)
 from .test_replay import detail_of, notes
 
 
@@ -93,6 +102,10 @@ async def test_b_lists_blocked_keys_and_enter_opens_the_head(ordered_url, orders
         await started(pilot)
         assert app.main.last_snapshot.blocked_keys == len(expected)
         tile = app.main.query_one("#tile-blocked_keys", CountTile)
+        # The note is cut to the tile's width, so it is there only once the tile is laid out.
+        await until(
+            pilot, lambda: str(tile.border_subtitle).startswith("oldest "), "the tile's note"
+        )
         assert str(len(expected)) in str(tile.render())
         assert str(tile.border_subtitle).startswith("oldest ")
 
@@ -165,12 +178,17 @@ async def test_k_skips_a_blocked_head_after_the_confirmation(ordered_url, orders
         table = await open_blocked_keys(pilot, app, len(keys))
         await move_to(pilot, table, key)
         await pilot.press("k")
-        await until(pilot, lambda: isinstance(app.screen, ConfirmModal), "the confirmation")
-        body = " ".join(str(app.screen.query_one("#confirm-body").render()).split())
+        confirm = await dialog(pilot, "the confirmation")
+        body = " ".join(str(confirm.query_one("#confirm-body").render()).split())
         assert "Skip dead letter" in body and key.ordering_key in body
         assert f"releases {key.waiting} waiting event" in body
         await pilot.press(*"refund by hand", "enter")
-        assert isinstance(app.screen, ConfirmModal)  # enter moved to the button
+        await until(
+            pilot,
+            lambda: confirm.focused is confirm.query_one("#confirm"),
+            "enter in the reason to move the focus to the confirm button",
+        )
+        assert app.screen is confirm  # enter moved to the button
         await pilot.press("y")
         await until(pilot, lambda: any(n.startswith("Skipped") for n in notes(app)), "the toast")
         assert any(f"{key.waiting} waiting event" in n for n in notes(app))
@@ -204,9 +222,9 @@ async def test_k_cancelled_changes_nothing_and_is_off_for_a_failed_head(
         await move_to(pilot, table, key)
         for cancel in ("n", "escape"):
             await pilot.press("k")
-            await until(pilot, lambda: isinstance(app.screen, ConfirmModal), "the confirmation")
+            await dialog(pilot, "the confirmation")
             await pilot.press(cancel)
-            assert app.screen is app.main
+            await until(pilot, lambda: app.screen is app.main, f"{cancel} to close the dialog")
         assert any("Skip cancelled" in n for n in notes(app))
 
         await move_to(pilot, table, failed)  # a retry will release it: nothing to skip
@@ -234,7 +252,6 @@ async def test_help_and_palette_offer_the_new_keys(ordered_url, orders_registry)
         assert "ordering key" in keys
         await pilot.press("escape", "ctrl+p")
         await until(pilot, lambda: app.screen is not app.main, "the palette")
-        await pilot.press(*"blocked")
-        await pilot.pause(0.3)
+        await palette_offers(pilot, "blocked", "Show blocked keys")
         await pilot.press("enter")
         await until(pilot, lambda: app.main.mode == "blocked_keys", "the palette command")

@@ -176,9 +176,14 @@ async def test_a_draining_backlog_says_when_it_will_be_empty(sqlite_seeded, orde
         assert panel.startswith(verdict.text)
         assert "backlog" in panel and "published" in panel and "arriving" in panel
         await pilot.resize_terminal(*SMALL)
-        await pilot.pause()
-        await until(pilot, lambda: main.query_one(TrendLine).display, "the one-line trend")
-        line = _text(main.query_one(TrendLine))
+        trend = main.query_one(TrendLine)
+        # Hidden until the resize: read it once it has been laid out at the new width.
+        await until(
+            pilot,
+            lambda: trend.display and 0 < trend.content_size.width <= SMALL[0],
+            "the one-line trend",
+        )
+        line = _text(trend)
         assert line.startswith(verdict.text)
         assert re.search(rf"backlog [▁-█]{{5}} {backlog}  ·  oldest [▁-█]{{5}} \d+s$", line)
         assert not main.query_one("#overview-more").display
@@ -207,12 +212,14 @@ async def test_a_paused_type_shows_with_its_waiting_count_until_resumed(
             assert waiting > 0
             await refreshed(pilot)
             assert line.display
+            # The line was hidden until this refresh: read it once it has been laid out.
+            await until(pilot, lambda: line.content_size.width > SMALL[0], "the line's layout")
             text = _text(line)
             scope = "⏸ orders.placed · every tenant · paused"
             assert re.search(rf"^{scope} \d+s ago · {waiting} waiting", text)
             assert "by bob: vendor down" in text  # wide: who and why
             await pilot.resize_terminal(*SMALL)
-            await pilot.pause()
+            await until(pilot, lambda: 0 < line.content_size.width <= SMALL[0], "the resize")
             small = _text(line)
             assert f"{waiting} waiting" in small and len(small) <= SMALL[0]
             await resume_type(engine, "orders.placed", None, operator="bob")
@@ -235,11 +242,17 @@ async def test_top_types_lead_with_the_type_with_most_undelivered_events(
     app = console(sqlite_seeded, orders_registry)
     async with app.run_test(size=SIZE) as pilot:
         await started(pilot)
-        table = _text(app.main.query_one(TopTypesPanel)).splitlines()
+        panel = app.main.query_one(TopTypesPanel)
+        await until(pilot, lambda: panel.content_size.width > 0, "the top types' layout")
+        table = _text(panel).splitlines()
         assert table[1].split()[0] == first.event_type
         assert table[1].split()[-1] == f"{first.undelivered:,}"
         await pilot.resize_terminal(*SMALL)
-        await pilot.pause()
         line = app.main.query_one(TopTypesLine)
-        await until(pilot, lambda: line.display, "the one-line top types")
+        # Hidden until the resize: read it once it has been laid out at the new width.
+        await until(
+            pilot,
+            lambda: line.display and 0 < line.content_size.width <= SMALL[0],
+            "the one-line top types",
+        )
         assert _text(line).startswith(f"top types  {first.event_type} {first.undelivered}")

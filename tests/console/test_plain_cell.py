@@ -7,6 +7,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from rich.cells import cell_len
 from rich.console import Console
 from rich.padding import Padding
 from rich.segment import Segment
@@ -18,8 +19,10 @@ from textual.widgets import DataTable
 
 from engine.event_views import EventSummary
 from outbox_tui.widgets.event_table import EventTable
-from outbox_tui.widgets.literal_table import LiteralTable
+from outbox_tui.widgets.literal_table import LiteralTable, text_width
 from outbox_tui.widgets.plain_cell import plain_cell_lines
+
+from .conftest import until
 
 CHARS = "abc xyz-:./0123 "
 ODD = ["é", "—", "…", "·", "日", "e\u0301", "\t", "\n", "\x1b"]
@@ -91,6 +94,20 @@ ROWS = [
 ]
 
 
+def measured(table: DataTable) -> bool:
+    """Each column as wide as its widest cell. DataTable measures new rows when it is next
+    idle; until then a column is only as wide as its label, and a row drawn then stays cut
+    (DataTable caches it), so a test reads no line before this."""
+
+    def width(cell: object) -> int:
+        return text_width(cell) if isinstance(cell, Text) else cell_len(str(cell))
+
+    return all(
+        column.content_width >= max(map(width, table.get_column(column.key)), default=0)
+        for column in table.ordered_columns
+    )
+
+
 class Tables(App[None]):
     def compose(self) -> ComposeResult:
         yield LiteralTable(id="literal")
@@ -106,9 +123,9 @@ async def test_column_widths_are_datatables_own():
             for row in ROWS:  # as Text, which DataTable measures itself
                 table.add_row(*(Text(v, no_wrap=True, end="") for v in row))
             table.add_row(Text("second\nline"), "x", "y", "z", height=2)  # DataTable measures it
-        await pilot.pause()
         literal = app.query_one("#literal", DataTable)
         plain = app.query_one("#plain", DataTable)
+        await until(pilot, lambda: measured(literal) and measured(plain), "the rows measured")
         assert [c.content_width for c in literal.ordered_columns] == [
             c.content_width for c in plain.ordered_columns
         ]
@@ -153,11 +170,18 @@ async def test_a_refreshed_row_draws_its_new_cells_and_the_others_stay():
         table = app.query_one(EventTable)
         events = [_event(n) for n in range(5)]
         table.show("all", events, NOW)
-        await pilot.pause()
+        await until(pilot, lambda: measured(table), "the rows measured")
         before = {e.id: _screen_line(table, e.id) for e in events}
         failed = replace(events[2], status="failed", attempt_count=3, last_error="timeout")
         table.show("all", [*events[:2], failed, *events[3:]], NOW)
-        await pilot.pause()
+
+        def changed_drawn() -> bool:
+            if not measured(table):  # the changed cells may widen their columns
+                return False
+            line = _screen_line(table, failed.id)
+            return "3/10" in line and "timeout" in line
+
+        await until(pilot, changed_drawn, "the changed row drawn")
         changed = _screen_line(table, failed.id)
         assert "3/10" in changed and "timeout" in changed and changed != before[failed.id]
         for e in events:
@@ -165,6 +189,12 @@ async def test_a_refreshed_row_draws_its_new_cells_and_the_others_stay():
                 assert _screen_line(table, e.id) == before[e.id]
         looks = {y: [seg.style for seg in table.render_line(y)] for y in (1, 3)}
         table.move_cursor(row=2)  # the highlight moves from row 0 (y 1) to row 2 (y 3)
-        await pilot.pause()
+        await until(
+            pilot,
+            lambda: all(
+                [s.style for s in table.render_line(y)] != look for y, look in looks.items()
+            ),
+            "the highlight to move",
+        )
         for y, look in looks.items():
             assert [seg.style for seg in table.render_line(y)] != look

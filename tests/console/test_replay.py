@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from engine import create_engine
 from engine.insights import EventFilter, OutboxInsights
-from outbox_tui.screens.confirm import ConfirmModal
 from outbox_tui.widgets.event_table import EventTable
 
-from .conftest import SIZE, console, counts, paste, started, until
+from .conftest import SIZE, console, counts, dialog, open_dead_letters, paste, started, until
 
 
 async def detail_of(url: str, event_id: str):
@@ -29,15 +28,11 @@ async def dead_letter_ids(url: str, flt: EventFilter | None = None) -> list[str]
         await engine.dispose()
 
 
+ENTER = "enter in the reason to move the focus to the confirm button"
+
+
 def notes(app) -> list[str]:
     return [f"{n.title}: {n.message}" for n in app._notifications]
-
-
-async def open_dead_letters(pilot, app) -> EventTable:
-    await pilot.press("d")
-    table = app.main.query_one(EventTable)
-    await until(pilot, lambda: table.mode == "dead_letters" and table.row_count, "dead letters")
-    return table
 
 
 async def test_r_replays_the_highlighted_dead_letter_with_a_reason(seeded_url, orders_registry):
@@ -48,11 +43,12 @@ async def test_r_replays_the_highlighted_dead_letter_with_a_reason(seeded_url, o
         target = table.highlighted.id
         before = await counts(seeded_url)
         await pilot.press("r")
-        assert isinstance(app.screen, ConfirmModal)
-        body = str(app.screen.query_one("#confirm-body").render())
+        confirm = await dialog(pilot)
+        body = str(confirm.query_one("#confirm-body").render())
         assert "1 dead letter" in body and "orders.placed v1" in body
         await pilot.press("tab", *"manual fix", "enter")  # enter moves on, it does not confirm
-        assert isinstance(app.screen, ConfirmModal)
+        await until(pilot, lambda: confirm.focused is confirm.query_one("#confirm"), ENTER)
+        assert app.screen is confirm
         await pilot.press("y")
         await until(pilot, lambda: any("back to pending" in n for n in notes(app)), "the toast")
         await until(pilot, lambda: target not in [e.id for e in table.events], "the row to go")
@@ -73,16 +69,17 @@ async def test_n_and_escape_cancel_and_change_nothing(sqlite_seeded, orders_regi
         target = table.highlighted.id
         before = await counts(sqlite_seeded)
         await pilot.press("r")
-        assert isinstance(app.screen, ConfirmModal)
+        await dialog(pilot)
         await pilot.press("n")
-        assert app.screen is app.main
+        await until(pilot, lambda: app.screen is app.main, "n to close the dialog")
         await pilot.press("r")
+        await dialog(pilot)
         await pilot.press("escape")
-        assert app.screen is app.main
+        await until(pilot, lambda: app.screen is app.main, "escape to close the dialog")
         await pilot.press("R")
-        await until(pilot, lambda: isinstance(app.screen, ConfirmModal), "the bulk dialog")
+        await dialog(pilot, "the bulk dialog")
         await pilot.press("enter")  # the focus starts on Cancel
-        assert app.screen is app.main
+        await until(pilot, lambda: app.screen is app.main, "enter (on Cancel) to close it")
     assert await counts(sqlite_seeded) == before
     assert (await detail_of(sqlite_seeded, target)).replays == []
 
@@ -115,8 +112,7 @@ async def test_shift_r_replays_every_dead_letter_matching_the_filter(
         await until(pilot, lambda: app.main.view.filter.tenant_id == "initech", "the filter")
         await until(pilot, lambda: {e.id for e in table.events} == set(initech), "initech rows")
         await pilot.press("R")
-        await until(pilot, lambda: isinstance(app.screen, ConfirmModal), "the dialog")
-        body = str(app.screen.query_one("#confirm-body").render())
+        body = str((await dialog(pilot)).query_one("#confirm-body").render())
         assert f"{len(initech)} dead letter" in body and "tenant=initech" in body
         assert "orders.placed" in body
         await pilot.press("y")
@@ -148,8 +144,8 @@ async def test_shift_r_replays_exactly_the_dead_letters_it_counted(sqlite_seeded
         await started(pilot)
         await open_dead_letters(pilot, app)
         await pilot.press("R")
-        await until(pilot, lambda: isinstance(app.screen, ConfirmModal), "the dialog")
-        assert f"{len(counted)} dead letter" in str(app.screen.query_one("#confirm-body").render())
+        confirm = await dialog(pilot)
+        assert f"{len(counted)} dead letter" in str(confirm.query_one("#confirm-body").render())
         engine = create_engine(sqlite_seeded)
         try:  # meanwhile a dispatcher dead-letters one more event
             async with engine.begin() as conn:
@@ -176,9 +172,10 @@ async def test_typing_in_the_dialog_writes_the_reason(sqlite_seeded, orders_regi
         table = await open_dead_letters(pilot, app)
         target = table.highlighted.id
         await pilot.press("r")
-        assert isinstance(app.screen, ConfirmModal)
+        confirm = await dialog(pilot)
         await pilot.press(*"fixed in deploy", "enter")
-        assert isinstance(app.screen, ConfirmModal)  # n and enter did not end the dialog
+        await until(pilot, lambda: confirm.focused is confirm.query_one("#confirm"), ENTER)
+        assert app.screen is confirm  # n and enter did not end the dialog
         await pilot.press("y")
         await until(pilot, lambda: any("back to pending" in n for n in notes(app)), "the toast")
     detail = await detail_of(sqlite_seeded, target)

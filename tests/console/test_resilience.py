@@ -19,7 +19,7 @@ from outbox_tui.console import run_console
 from outbox_tui.widgets.event_table import EventTable
 
 from ..engine.conftest import CTX
-from .conftest import SIZE, console, started, until
+from .conftest import SIZE, console, screenshot_when, started, until
 
 
 def banner_text(app) -> str:
@@ -39,7 +39,7 @@ async def assert_lost_then_recovered(pilot, app, make_unreachable, make_reachabl
     assert app.is_running  # the interface never waited on the database
     await pilot.press("d")  # and stays usable meanwhile
     await make_reachable()
-    await until(pilot, lambda: app.main.connection == "connected", "recovery", seconds=8)
+    await until(pilot, lambda: app.main.connection == "connected", "recovery", seconds=20)
     assert not banner.has_class("-visible")
     assert any(n.title == "Reconnected" for n in app._notifications)
     table = app.main.query_one(EventTable)
@@ -162,6 +162,9 @@ def test_no_traceback_reaches_the_terminal_for_a_directory_path(tmp_path):
     assert code == 1 and "adir.db is a directory, not a SQLite" in assert_one_line(out)
 
 
+MARKUP_IDS = ("order:[/oops]", "order:[b]7", "shop[1].placed")
+
+
 async def test_ids_that_look_like_markup_are_shown_as_written(sqlite_url):
     """Producers choose aggregate ids, tenants and types: square brackets are data.
 
@@ -184,8 +187,11 @@ async def test_ids_that_look_like_markup_are_shown_as_written(sqlite_url):
     app = console(sqlite_url, registry)
     async with app.run_test(size=SIZE) as pilot:
         await started(pilot)
-        await pilot.pause()
-        screen = app.export_screenshot()
+        screen = await screenshot_when(
+            pilot,
+            lambda shot: all(shown in html.unescape(shot) for shown in MARKUP_IDS),
+            "the rows on screen",
+        )
         assert app.is_running
-    for shown in ("order:[/oops]", "order:[b]7", "shop[1].placed"):
+    for shown in MARKUP_IDS:
         assert shown in html.unescape(screen), shown

@@ -15,7 +15,7 @@ from engine.insights import HeartbeatView, UnservedType
 from outbox_tui.widgets.dispatchers import DispatchersPanel, plan_columns, unserved_note
 from outbox_tui.widgets.format import served_types
 
-from .conftest import console, refreshed, started
+from .conftest import console, refreshed, started, until
 
 ORDERS = ["orders.placed", "orders.cancelled"]
 
@@ -167,10 +167,21 @@ async def test_the_note_is_cut_anew_when_the_terminal_narrows(sqlite_seeded, ord
         await started(pilot)
         await refreshed(pilot)
         panel = app.main.query_one(DispatchersPanel)
+        await until(
+            pilot,
+            lambda: all(f"{t} (" in subtitle(panel) for t in ORDERS),
+            "the note at 160 columns",
+        )
         wide = subtitle(panel)
         assert "orders.placed (" in wide and "orders.cancelled (" in wide, wide
         await pilot.resize_terminal(80, 24)
-        await pilot.pause()
+        await until(
+            pilot,
+            lambda: (
+                panel.outer_size.width <= 80 and len(subtitle(panel)) <= panel.outer_size.width - 4
+            ),
+            "the note to be cut anew for 80 columns",
+        )
         narrow = subtitle(panel)
         assert len(narrow) <= panel.outer_size.width - 4, narrow
         assert "oldest" in narrow, narrow

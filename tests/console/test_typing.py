@@ -6,11 +6,10 @@ from textual import events
 from textual.widgets import Input
 
 from engine.insights import EventFilter
-from outbox_tui.screens.confirm import ConfirmModal
 from outbox_tui.screens.filter import FilterModal
 
-from .conftest import SIZE, burst, console, counts, started, until
-from .test_replay import detail_of, notes, open_dead_letters
+from .conftest import SIZE, burst, console, counts, dialog, open_dead_letters, started, until
+from .test_replay import detail_of, notes
 
 PHRASE = "vendor fixed yesterday"  # y and n are the dialog's own keys
 
@@ -20,11 +19,16 @@ async def _replay_with_reason(app, pilot, url: str, type_reason) -> str:
     table = await open_dead_letters(pilot, app)
     target = table.highlighted.id
     await pilot.press("r")
-    assert isinstance(app.screen, ConfirmModal)
+    confirm = await dialog(pilot)
+    reason = confirm.query_one("#reason", Input)
     await type_reason(pilot)
-    dialog = app.screen
-    assert isinstance(dialog, ConfirmModal), "a y or n of the reason ended the dialog"
-    assert dialog.query_one("#reason", Input).value == PHRASE
+    await until(
+        pilot,
+        lambda: app.screen is not confirm or reason.value == PHRASE,
+        f"the reason to read {PHRASE!r} (or the dialog to end)",
+    )
+    assert app.screen is confirm, "a y or n of the reason ended the dialog"
+    assert reason.value == PHRASE
     await pilot.press("enter", "y")  # enter leaves the field for the button; y confirms
     await until(pilot, lambda: any("back to pending" in n for n in notes(app)), "the toast")
     return (await detail_of(url, target)).replays[0]["reason"]
@@ -72,7 +76,7 @@ async def test_y_and_n_still_decide_before_a_reason_is_started(sqlite_seeded, or
         await open_dead_letters(pilot, app)
         before = await counts(sqlite_seeded)
         await pilot.press("r")
-        assert isinstance(app.screen, ConfirmModal)
+        await dialog(pilot)
         await burst(pilot, "n")
         await until(pilot, lambda: app.screen is app.main, "n to cancel")
     assert await counts(sqlite_seeded) == before

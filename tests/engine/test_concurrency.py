@@ -7,11 +7,12 @@ import asyncio
 
 import pytest
 
-from engine import DispatchResult, OutboxDispatcher
+from engine import DispatchResult, OutboxDispatcher, OutboxEventPublisher, unit_of_work
 from engine.errors import ConfigurationError
 from engine.insights import OutboxInsights
+from engine.publisher import OutboxEvent
 
-from .conftest import row
+from .conftest import CTX, order_payload, row
 from .test_dispatch import publish
 
 
@@ -79,10 +80,12 @@ async def test_finished_events_are_recorded_while_a_slow_one_still_runs(db, regi
     async def mixed(envelope):
         if envelope.payload["order_id"] != "o-0":
             return
-        # The slow one waits until the fast ones are on disk (or gives up after 5 s).
-        for _ in range(100):
+        # The slow one waits until the fast ones are on disk (or gives up after 8 s, below
+        # the handler timeout).
+        give_up = asyncio.get_running_loop().time() + 8
+        while True:
             counts = (await insights.overview()).counts
-            if counts["published"] == 4:
+            if counts["published"] == 4 or asyncio.get_running_loop().time() > give_up:
                 break
             await asyncio.sleep(0.05)
         seen_published.append(counts["published"])
@@ -113,6 +116,69 @@ async def test_no_handler_starts_once_the_start_budget_of_the_lease_is_spent(db,
     for event_id in ids[2:]:  # handed back without spending an attempt
         stored = await row(db, event_id)
         assert (stored["status"], stored["attempt_count"]) == ("pending", 0)
+
+
+async def test_an_events_later_handler_does_not_start_past_the_budget_and_keys_stay_apart(
+    db, registry, clock
+):
+    """The start budget holds for each handler of an event, not only its first: otherwise
+    a later one could still run when the lease ends and another dispatcher has taken the
+    event, and the next event of its key, over. The event fails instead; its retry skips
+    the handler that succeeded."""
+    registry.set_ordering("orders.placed")  # one key: "order:same-aggregate"
+    calls: list[str] = []
+
+    @registry.handler("orders.placed", key="orders.first")
+    async def first(envelope):
+        calls.append(f"first {envelope.payload['order_id']}")
+        if envelope.payload["order_id"] == "A" and envelope.attempt_count == 1:
+            clock.advance(21)  # 21 s of the 30 s lease: past the 20 s start budget
+
+    @registry.handler("orders.placed", key="orders.second")
+    async def second(envelope):
+        calls.append(f"second {envelope.payload['order_id']}")
+
+    drafts = [
+        OutboxEvent("orders.placed", order_payload(o), "order", "same-aggregate") for o in "AB"
+    ]
+    async with unit_of_work(db, registry=registry, context=CTX) as session:
+        a, _b = await OutboxEventPublisher(session).publish_many(drafts)
+    worker = OutboxDispatcher(db, registry, lease_seconds=30, clock=clock)
+    assert worker.start_budget.total_seconds() == 20
+    assert await worker.dispatch_once() == DispatchResult(claimed=1, failed=1)
+    assert calls == ["first A"]
+    stored = await row(db, a)
+    assert stored["status"] == "failed"
+    assert stored["last_error"] == (
+        "orders.second: not started: the handlers before it spent the start budget "
+        "(20 s of the 30 s lease)"
+    )
+    clock.advance(3600)  # past the retry's backoff: A again (first skipped), then B
+    for _ in range(3):
+        await worker.dispatch_once()
+    assert calls == ["first A", "second A", "first B", "second B"]
+
+
+async def test_a_handler_raising_cancelled_error_fails_alone(db, registry, clock):
+    """A CancelledError out of a handler whose worker no one cancelled (a future cancelled
+    under it) is that handler's failure: the others in flight finish and are recorded."""
+
+    @registry.handler("orders.placed", key="orders.inner")
+    async def handler(envelope):
+        if envelope.payload["order_id"] == "o-0":
+            inner = asyncio.get_running_loop().create_future()
+            inner.cancel()
+            await inner
+        await asyncio.sleep(0.05)
+
+    ids = await publish(db, registry, count=3)
+    worker = OutboxDispatcher(db, registry, clock=clock)
+    assert await worker.dispatch_once() == DispatchResult(claimed=3, published=2, failed=1)
+    stored = await row(db, ids[0])
+    assert (stored["status"], stored["last_error"]) == (
+        "failed",
+        "orders.inner: CancelledByHandler: raised CancelledError without being cancelled",
+    )
 
 
 def test_the_default_handler_timeout_fits_a_short_lease(db, registry):

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import Counter
 from datetime import timedelta
 
+import pytest
 from sqlalchemy import select
 
 from engine import (
@@ -268,6 +270,108 @@ async def test_a_stalled_dispatcher_does_not_complete_even_without_a_rival(db, r
     assert recovered == [2]
 
 
+class FlakyWrites(OutboxDispatcher):
+    """A dispatcher whose completion writes numbered in ``fail_on`` (1-based) raise, as when
+    a restart cuts the connection mid-COMMIT: with ``lands`` the write commits first (only
+    its acknowledgement is lost)."""
+
+    def __init__(self, *args, fail_on=(), lands=True, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.writes = 0
+        self.fail_on = set(fail_on)
+        self.lands = lands
+
+    async def _complete(self, outcomes):
+        self.writes += 1
+        if self.writes not in self.fail_on:
+            return await super()._complete(outcomes)
+        if self.lands:
+            await super()._complete(outcomes)
+        raise ConnectionResetError("connection was closed in the middle of operation")
+
+
+async def rounds_as_the_run_loop_counts(dispatcher, clock, rounds=8):
+    """The sum of what the rounds that returned reported, and of the report on stop (a
+    round that raises is a storage error to the run loop); leases expire between rounds."""
+    total = DispatchResult()
+    for _ in range(rounds):
+        with contextlib.suppress(ConnectionResetError):  # a storage error to the run loop
+            total = total + await dispatcher.dispatch_once()
+        clock.advance(31)
+    await dispatcher.release_prefetched()
+    return total + await dispatcher.report_unreported()
+
+
+async def test_completions_whose_commit_landed_unacknowledged_are_counted_once(db, registry, clock):
+    """Totals (and so metrics) stay exact across a cut-off commit: the writes that landed
+    are read back and counted on the next round; the ones that did not are redelivered
+    once their lease expires and counted then. Nothing is counted twice."""
+    calls = Counter()
+
+    @registry.handler("orders.placed", key="orders.cut")
+    async def handler(envelope):
+        calls[envelope.event_id] += 1
+        if envelope.payload["order_id"] == "o-0":
+            raise RuntimeError("flaky")
+
+    await publish(db, registry, count=3)
+    dispatcher = FlakyWrites(db, registry, clock=clock, dispatcher_id="d1", fail_on={1})
+    with pytest.raises(ConnectionResetError):
+        await dispatcher.dispatch_once()
+    assert Counter(r["status"] for r in await rows(db)) == {"published": 2, "failed": 1}
+    # The next round reads the landed outcomes back (the failed row waits for its backoff)
+    # and reports them with the claim of the round that raised.
+    assert await dispatcher.dispatch_once() == DispatchResult(claimed=3, published=2, failed=1)
+    assert await dispatcher.dispatch_once() == DispatchResult()  # counted once only
+
+    # A write that did not land: the rows stay claimed until their lease expires.
+    more = await publish(db, registry, count=2, prefix="m")
+    dispatcher.fail_on, dispatcher.lands = {dispatcher.writes + 1}, False
+    with pytest.raises(ConnectionResetError):
+        await dispatcher.dispatch_once()
+    assert await dispatcher.dispatch_once() == DispatchResult(claimed=2)  # nothing landed
+    clock.advance(31)
+    total = DispatchResult()
+    for _ in range(4):  # expired leases come back one per claim
+        total = total + await dispatcher.dispatch_once()
+    assert (total.published, total.lost_leases) == (2, 0)
+    assert [calls[i] for i in more] == [2, 2]  # at-least-once: run again, counted once
+    statuses = Counter(r["status"] for r in await rows(db))
+    assert statuses["published"] == 4
+
+
+async def test_a_round_that_raises_loses_no_count(db, registry, clock):
+    """Counts settled or written in a round that then raised reach the next report: the
+    in-doubt completions it read back, and its own writes before the one that failed."""
+
+    @registry.handler("orders.placed", key="orders.counted")
+    async def handler(envelope):
+        if envelope.payload["order_id"] == "o-1":
+            await asyncio.sleep(0.05)  # its outcome goes in a second write
+
+    await publish(db, registry, count=1, prefix="a")
+    # Write 1 lands unacknowledged; the next round settles it, then its own write 2 raises.
+    d = FlakyWrites(db, registry, clock=clock, dispatcher_id="d1", fail_on={1, 2})
+    with pytest.raises(ConnectionResetError):
+        await d.dispatch_once()
+    await publish(db, registry, count=1, prefix="b")
+    with pytest.raises(ConnectionResetError):
+        await d.dispatch_once()
+    total = await rounds_as_the_run_loop_counts(d, clock)
+    assert Counter(r["status"] for r in await rows(db)) == {"published": 2}
+    assert total.published == 2
+
+    # Two writes in one round, the second lost: the first one's count survives the raise.
+    await publish(db, registry, count=2)
+    d = FlakyWrites(db, registry, clock=clock, dispatcher_id="d2", fail_on={2}, lands=False)
+    with pytest.raises(ConnectionResetError):
+        await d.dispatch_once()
+    assert d.writes == 2
+    total = await rounds_as_the_run_loop_counts(d, clock)
+    assert Counter(r["status"] for r in await rows(db)) == {"published": 4}
+    assert (total.published, total.lost_leases) == (2, 0)
+
+
 async def test_a_row_whose_leases_keep_expiring_is_dead_lettered_not_looped(db, registry, clock):
     [event_id] = await publish(db, registry, max_attempts=2)
     from engine import store
@@ -443,6 +547,38 @@ async def test_external_publisher_outcomes_and_unattempted_rows_keep_their_budge
     assert released["locked_by"] is None
 
 
+async def test_a_broker_away_never_takes_an_events_last_attempt(db, registry, clock):
+    """A failure the relay blames on the broker (unavailable) is retried with backoff; on
+    the last attempt the attempt is given back, so a long outage dead-letters nothing. The
+    same failure blamed on the event dead-letters it."""
+    away, poison = await publish(db, registry, count=2, max_attempts=1)
+    broker_back = False
+
+    class Relay:
+        async def publish(self, envelopes):
+            if broker_back:
+                return ExternalPublishResult(published={e.event_id for e in envelopes})
+            error = "broker unavailable: no publisher confirm within 10 s"
+            return ExternalPublishResult(
+                failed={away: error, poison: "refused"}, unavailable={away}
+            )
+
+    dispatcher = OutboxDispatcher(
+        db, registry, clock=clock, external_publisher=Relay(), backoff=BackoffPolicy(base_seconds=5)
+    )
+    for _ in range(3):  # the outage goes on: three rounds, each a last attempt
+        await dispatcher.dispatch_once()
+        stored = await row(db, away)
+        assert stored["status"] == "failed" and stored["attempt_count"] == 0
+        assert stored["last_error"].startswith("broker unavailable")
+        assert (await dispatcher.dispatch_once()).claimed == 0  # it waits out its backoff
+        clock.advance(5)
+    assert (await row(db, poison))["status"] == "dead_letter"
+    broker_back = True
+    assert (await dispatcher.dispatch_once()).published == 1
+    assert (await row(db, away))["status"] == "published"
+
+
 async def test_external_publisher_crash_fails_the_call_without_losing_rows(db, registry, clock):
     ids = await publish(db, registry, count=2)
 
@@ -476,8 +612,11 @@ async def test_handlers_are_not_started_once_most_of_the_lease_is_spent(db, regi
 
 
 async def test_a_dispatcher_budget_overrides_every_rows_max_attempts(db, registry, clock):
+    seen = []
+
     @registry.handler("orders.placed", key="orders.down")
     async def down(envelope):
+        seen.append((envelope.attempt_count, envelope.max_attempts))
         raise ConnectionError("still down")
 
     [event_id] = await publish(db, registry)  # the row's own budget: 10
@@ -490,6 +629,8 @@ async def test_a_dispatcher_budget_overrides_every_rows_max_attempts(db, registr
     stored = await row(db, event_id)
     assert stored["status"] == "dead_letter" and stored["max_attempts"] == 10
     assert "max attempts reached (2/2)" in stored["dead_letter_reason"]
+    # Handlers (and the relay, which picks its probe by attempts left) see that budget.
+    assert seen == [(1, 2), (2, 2)]
 
 
 async def test_expired_leases_are_reclaimed_one_at_a_time_so_a_poison_row_cannot_sink_a_batch(

@@ -388,9 +388,7 @@ async def test_after_going_round_past_keys_another_dispatcher_holds_the_next_wal
     assert keys_of(x) == ["order:a", "order:b"]  # went round past y's keys
     assert (x.key_cursor, x.include_cursor_key) == ("order:a", True)
     await complete(db, clock, x, "x")
-    x = await claim(
-        db, clock, "x", batch_size=2, key_cursor=x.key_cursor, include_cursor_key=True
-    )
+    x = await claim(db, clock, "x", batch_size=2, key_cursor=x.key_cursor, include_cursor_key=True)
     assert keys_of(x) == ["order:a", "order:b"]
     assert (x.key_cursor, x.include_cursor_key) == ("order:b", False)  # a lap as usual next
 
@@ -401,9 +399,7 @@ async def test_one_dispatcher_at_the_end_of_its_lap_goes_on_round_robin(db, orde
     await publish(db, ordered, ["a", "b", "c", "d"] * 3)
     taken, cursor, include = [], "", False
     for _ in range(4):
-        batch = await claim(
-            db, clock, batch_size=2, key_cursor=cursor, include_cursor_key=include
-        )
+        batch = await claim(db, clock, batch_size=2, key_cursor=cursor, include_cursor_key=include)
         taken.append(keys_of(batch))
         cursor, include = batch.key_cursor, batch.include_cursor_key
         await complete(db, clock, batch)

@@ -145,20 +145,81 @@ async def test_a_payload_nested_too_deeply_to_decode_is_dead_lettered_not_fatal(
     assert detail.payload.count("[") == 990  # shown as stored (jsonb orders the keys)
 
 
-@sqlite_only
-async def test_an_id_holding_nul_is_completed_like_any_other(db, registry, clock):
-    """SQLite text can hold NUL, and its JSON functions end a string there: the batch
-    with such an id is completed with bound pairs, not lost as a lease."""
+async def test_a_payload_with_nan_is_corrupt_not_delivered(sqlite_url, registry, clock):
+    """NaN and Infinity are no JSON (PostgreSQL's json type refuses them), but Python's
+    decoder takes them, and an SQLite table from before the json_valid CHECK stores them:
+    such a row is a corrupt payload, never a body consumers cannot parse."""
+    from engine import create_engine, create_schema
+    from tests.engine.test_migrations import make_previous_schema
+
     handled = []
 
     @registry.handler("orders.placed", key="orders.audit")
     async def audit(envelope):
         handled.append(envelope.event_id)
 
+    db = create_engine(sqlite_url)
+    try:
+        await make_previous_schema(db)
+        await create_schema(db)  # init-db upgrades it; SQLite keeps the table's CHECKs
+        async with db.begin() as conn:
+            for name, value in (("nan", "NaN"), ("inf", "-Infinity")):
+                payload = GOOD_PAYLOAD[:-1] + f', "ratio": {value}}}'
+                await conn.execute(text(insert_sql()), {"id": name, "payload": payload})
+            await conn.execute(text(insert_sql()), {"id": "good", "payload": GOOD_PAYLOAD})
+        await OutboxDispatcher(db, registry, clock=clock).dispatch_once()
+        assert "good" in handled and not {"nan", "inf"} & set(handled)
+        for name, value in (("nan", "NaN"), ("inf", "-Infinity")):
+            reason = (await row(db, name))["dead_letter_reason"]
+            assert reason.startswith("permanent: corrupt payload: not valid JSON")
+            assert f"{value} is not JSON" in reason
+    finally:
+        await db.dispose()
+
+
+async def audited_rows(db, registry, *event_ids: str) -> list[str]:
+    """Insert good rows with these ids by plain SQL; returns the list a handler fills with
+    the ids it is called for."""
+    handled: list[str] = []
+
+    @registry.handler("orders.placed", key="orders.audit")
+    async def audit(envelope):
+        handled.append(envelope.event_id)
+
     async with db.begin() as conn:
-        for event_id in ("odd\x00id", "plain"):
+        for event_id in event_ids:
             await conn.execute(text(insert_sql()), {"id": event_id, "payload": GOOD_PAYLOAD})
+    return handled
+
+
+@sqlite_only
+async def test_an_id_holding_nul_is_completed_like_any_other(db, registry, clock):
+    """SQLite text can hold NUL, and its JSON functions end a string there: the batch
+    with such an id is completed with bound pairs, not lost as a lease."""
+    handled = await audited_rows(db, registry, "odd\x00id", "plain")
     result = await OutboxDispatcher(db, registry, clock=clock).dispatch_once()
     assert result == DispatchResult(claimed=2, published=2)
     assert sorted(handled) == ["odd\x00id", "plain"]
     assert (await row(db, "odd\x00id"))["status"] == "published"
+
+
+@sqlite_only
+async def test_a_row_whose_seq_was_nulled_by_hand_is_delivered_not_fatal(db, registry, clock):
+    """SQLite leaves ``seq`` nullable (its trigger fills it); a row nulled by hand must not
+    stop every claim that takes it."""
+    handled = await audited_rows(db, registry, "nulled", "plain")
+    async with db.begin() as conn:
+        await conn.execute(text("UPDATE outbox_events SET seq = NULL WHERE id = 'nulled'"))
+        # Claimed once, its lease since expired: the claim that takes it back reads no seq.
+        await conn.execute(
+            text(
+                "UPDATE outbox_events SET status = 'publishing', locked_by = 'gone', "
+                "locked_until = '2000-01-01 00:00:00.000000', attempt_count = 1, "
+                "claim_version = 1 WHERE id = 'nulled'"
+            )
+        )
+    dispatcher = OutboxDispatcher(db, registry, clock=clock)
+    total = DispatchResult()
+    for _ in range(3):
+        total = total + await dispatcher.dispatch_once()
+    assert total.published == 2 and sorted(handled) == ["nulled", "plain"]

@@ -35,6 +35,7 @@ def statements_run(db) -> Iterator[list[str]]:
     finally:
         event.remove(db.sync_engine, "before_cursor_execute", record)
 
+
 business = MetaData()
 orders = Table(
     "test_orders", business, Column("id", String(36), primary_key=True), Column("amount", Integer)

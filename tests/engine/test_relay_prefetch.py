@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
+import pytest
+
 from engine import DispatchResult, OutboxDispatcher, OutboxEventPublisher, unit_of_work
 from engine.dispatcher import ExternalPublishResult
 from engine.publisher import OutboxEvent
@@ -67,10 +69,10 @@ class Relay:
     async def publish(self, envelopes):
         ids = [e.event_id for e in envelopes]
         self.batches.append(ids)
-        others: list[str] = []
-        for _ in range(200):  # the claim ahead runs beside this call
+        give_up = asyncio.get_running_loop().time() + 8  # the claim ahead runs beside this call
+        while True:
             others = [i for i in held(await rows(self.db)) if i not in ids]
-            if others or not self.wait_for_next:
+            if others or not self.wait_for_next or asyncio.get_running_loop().time() > give_up:
                 break
             await asyncio.sleep(0.01)
         self.claimed_while_out.append(others)
@@ -154,6 +156,35 @@ async def test_the_run_loop_hands_back_what_it_claimed_ahead_when_it_ends(db, re
     ids = await publish(db, registry, 4)
     dispatcher = relay_dispatcher(db, registry, clock)
     await assert_the_run_loop_hands_back_what_it_claimed_ahead(db, dispatcher, ids)
+
+
+async def test_lost_leases_at_hand_back_are_reported_even_after_a_round_that_raised(
+    db, registry, clock
+):
+    """Rows claimed ahead and taken over before the hand-back are lost leases; a round that
+    raises right after the hand-back does not lose them, nor does the report on stop."""
+    await publish(db, registry, 4)
+    d1 = relay_dispatcher(db, registry, clock)
+    assert (await d1.dispatch_once()).published == 2  # and 2 held ahead
+    clock.advance(d1.lease.total_seconds() + 1)
+    other = OutboxDispatcher(
+        db,
+        registry,
+        clock=clock,
+        batch_size=2,
+        dispatcher_id="other",
+        external_publisher=Relay(db, wait_for_next=False),
+    )
+    assert (await other.dispatch_once()).published == 1  # one abandoned row taken over
+
+    async def claim_fails():
+        raise ConnectionResetError("connection was closed in the middle of operation")
+
+    d1._claim = claim_fails  # the storage error comes right after the stale hand-back
+    with pytest.raises(ConnectionResetError):
+        await d1.dispatch_once()
+    await d1.release_prefetched()  # the run loop's stop
+    assert (await d1.report_unreported()).lost_leases == 2  # both refused at hand-back
 
 
 async def test_without_prefetch_nothing_is_claimed_ahead(db, registry, clock):

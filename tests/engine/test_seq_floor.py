@@ -105,8 +105,14 @@ async def test_a_claim_from_the_floor_keeps_the_ranges_plan_and_each_range_still
     async def claim_in(scope, *, floor, ranges):
         async with db.begin() as conn:
             return await store.claim_batch(
-                conn, dispatcher_id="d", batch_size=2, lease=LEASE, now=clock.now,
-                seq_floor=floor, scope=scope, ranges=ranges,
+                conn,
+                dispatcher_id="d",
+                batch_size=2,
+                lease=LEASE,
+                now=clock.now,
+                seq_floor=floor,
+                scope=scope,
+                ranges=ranges,
             )
 
     first = await claim_in(served, floor=0, ranges=None)

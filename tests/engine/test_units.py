@@ -7,7 +7,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from engine import BackoffPolicy, EventRegistry, EventSchemaSpec, mask_url
@@ -82,8 +82,9 @@ def test_schema_spec_lists_every_problem():
 
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=3),
-    lambda inner: st.lists(inner, max_size=2)
-    | st.dictionaries(st.text(max_size=2), inner, max_size=2),
+    lambda inner: (
+        st.lists(inner, max_size=2) | st.dictionaries(st.text(max_size=2), inner, max_size=2)
+    ),
     max_leaves=4,
 )
 
@@ -115,6 +116,9 @@ def test_urls_are_normalised_and_passwords_masked():
         ("mysql://u:p@h/db", "unsupported database URL scheme 'mysql'"),
         ("not a url", "invalid database URL"),
         ("sqlite+aiosqlite://", "in-memory SQLite"),
+        ("sqlite+aiosqlite:///:memory:", "in-memory SQLite"),
+        ("sqlite:///file:outbox?mode=memory&uri=true", "in-memory SQLite"),
+        ("sqlite:///file::memory:?cache=shared&uri=true", "in-memory SQLite"),
     ],
 )
 def test_bad_urls_give_one_clear_error(url, message):
@@ -135,6 +139,23 @@ def test_passwords_in_the_query_string_are_masked_too():
     assert "hunter2" not in mask_url(url)
     assert "password=***" in mask_url(url)
     assert "hunter2" not in mask_secrets(f"connect to {url} failed: hunter2 rejected", url)
+
+
+def test_a_password_with_a_raw_at_sign_is_masked_whole_and_refused():
+    """A parser splits ``user:p@ss@host`` at the first ``@``: the rest of the password
+    would become the host and appear in every connection error."""
+    url = "postgresql+asyncpg://outbox:p@S3cret@127.0.0.1:5432/app"
+    assert mask_url(url) == "postgresql+asyncpg://outbox:***@127.0.0.1:5432/app"
+    assert "S3cret" not in mask_secrets(f"cannot reach the database at {url}: refused")
+    assert "S3cret" not in mask_url("amqp://guest:p@S3cret@broker/")
+    with pytest.raises(DatabaseUrlError, match="percent-encode it") as refused:
+        parse_database_url(url)
+    assert "S3cret" not in str(refused.value)
+    assert parse_database_url("postgresql://outbox:p%40S3cret@h/app").password == "p@S3cret"
+    # JSON with no spaces: the mask stops at the quote, the next field is left alone.
+    assert mask_secrets('{"url":"postgresql://u:pw@h/d","owner":"x@y"}') == (
+        '{"url":"postgresql://u:***@h/d","owner":"x@y"}'
+    )
 
 
 def test_masking_leaves_the_program_name_alone():
@@ -165,15 +186,20 @@ def _loads_outcome(decode, text):
     before=st.sampled_from(["", " ", "\n\t"]),
     after=st.sampled_from(["", " ", "\n", "x", "]", "{}", ' "z"']),
 )
-def test_the_payload_decoder_accepts_and_refuses_exactly_what_json_loads_does(value, before, after):
+@example(value=float("inf"), before="", after="")
+@example(value=[float("-inf")], before=" ", after="x")
+def test_the_payload_decoder_accepts_and_refuses_exactly_what_strict_json_loads_does(
+    value, before, after
+):
     """decode_json takes the scanner's short cut only for one bare value; white space
-    around it, trailing data and every error end in json.loads, message and all."""
+    around it, trailing data and every error end in json.loads, message and all. Infinity
+    (which json.dumps writes for inf) is refused, as by every JSON parser but Python's."""
     import json
 
     from engine.store import decode_json
 
     text = before + json.dumps(value) + after
-    ours, theirs = _loads_outcome(decode_json, text), _loads_outcome(json.loads, text)
+    ours, theirs = _loads_outcome(decode_json, text), _loads_outcome(_strict_loads, text)
     assert ours[0] == theirs[0]
     assert json.dumps(ours[1]) == json.dumps(theirs[1])
 
@@ -185,9 +211,27 @@ def test_the_payload_decoder_agrees_with_json_loads_on_any_text(text):
 
     from engine.store import decode_json
 
-    ours, theirs = _loads_outcome(decode_json, text), _loads_outcome(json.loads, text)
+    ours, theirs = _loads_outcome(decode_json, text), _loads_outcome(_strict_loads, text)
     assert ours[0] == theirs[0]
     assert json.dumps(ours[1]) == json.dumps(theirs[1])
+
+
+def _strict_loads(text):
+    """json.loads with NaN, Infinity and -Infinity refused: the oracle for decode_json."""
+    import json
+
+    def refuse(name):
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.parametrize("text", ["NaN", "[1, Infinity]", ' {"a": -Infinity}', "NaN x"])
+def test_the_payload_decoder_refuses_what_only_python_calls_json(text):
+    from engine.store import decode_json
+
+    with pytest.raises(ValueError, match="is not JSON"):
+        decode_json(text)
 
 
 def _row(**changes):
@@ -318,3 +362,29 @@ def test_a_corrupt_row_is_named_by_its_column_and_a_sound_one_passes(column, val
     assert ClaimedRow(_row(), "{}").problem() is None
     problem = ClaimedRow(_row(**{column: value}), "{}").problem()
     assert problem is not None and problem.startswith(f"corrupt row: column {column} ")
+
+
+def test_a_read_only_sqlite_file_says_what_the_reader_lacks():
+    """WAL mode writes the -wal and -shm files even to read: a user who can only read the
+    file gets the reason, not a bare driver message."""
+    import sqlite3
+
+    from engine.database import translate_storage_error
+
+    error = translate_storage_error(
+        sqlite3.OperationalError("attempt to write a readonly database")
+    )
+    assert str(error).startswith("database error: attempt to write a readonly database: ")
+    assert "-wal and -shm files" in str(error)
+
+
+async def test_a_url_query_parameter_the_driver_does_not_take_is_a_url_error():
+    """asyncpg's connect() raises TypeError for ``?bogus=1``: a bad URL (exit 2), not a bug."""
+    from engine.database import storage_errors
+
+    with pytest.raises(DatabaseUrlError, match="query parameter its driver does not take: 'bogus'"):
+        async with storage_errors():
+            raise TypeError("connect() got an unexpected keyword argument 'bogus'")
+    with pytest.raises(TypeError, match="unsupported operand"):  # any other TypeError: a bug
+        async with storage_errors():
+            raise TypeError("unsupported operand type(s)")

@@ -47,7 +47,7 @@ APP = "outbox_tui.examples.orders"
 NOT_SOURCES = shutil.ignore_patterns(
     ".git", ".venv*", "venv", "*.egg-info", "build", "dist", "__pycache__", "*.pyc",
     ".pytest_cache", ".mypy_cache", ".ruff_cache", "*.db", "*.db-wal", "*.db-shm",
-    "snapshot_report.html",
+    "snapshot_report.html", ".hypothesis", "results",
 )  # fmt: skip
 # What the venv's processes must not inherit: anything that points back into the checkout.
 NOT_INHERITED = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "VIRTUAL_ENV")

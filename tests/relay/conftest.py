@@ -29,6 +29,7 @@ from tests.engine.conftest import registry  # noqa: F401 - shared fixture
 
 RMQCTL_ENV = "OUTBOX_TEST_RMQCTL"
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+DEFAULT_MAX_MESSAGE_SIZE = 134217728
 CTX = TaskContext(tenant_id="acme", actor_id="user-1", request_id="req-1", trace_id=TRACE)
 
 
@@ -45,6 +46,7 @@ class Received:
     app_id: str | None
     timestamp: Any
     body: dict[str, Any]
+    raw_body: bytes
 
 
 class Topology:
@@ -59,14 +61,22 @@ class Topology:
         self.exchange = f"outbox.test.{uuid.uuid4().hex}"
         self.queue = f"{self.exchange}.q"
         self.received: list[Received] = []
+        self.queue_arguments: dict[str, object] | None = None
 
-    async def bind(self, *binding_keys: str) -> None:
+    async def bind(
+        self, *binding_keys: str, queue_arguments: dict[str, object] | None = None
+    ) -> None:
+        """Declare the exchange and the queue (with ``queue_arguments``, e.g. a length
+        limit) and bind it by each key (default ``#``: everything)."""
+        self.queue_arguments = queue_arguments
         async with await aio_pika.connect(self.url, timeout=10) as conn:
             channel = await conn.channel()
             exchange = await channel.declare_exchange(
                 self.exchange, aio_pika.ExchangeType.TOPIC, durable=True
             )
-            queue = await channel.declare_queue(self.queue, durable=True)
+            queue = await channel.declare_queue(
+                self.queue, durable=True, arguments=self.queue_arguments
+            )
             for key in binding_keys or ("#",):
                 await queue.bind(exchange, key)
 
@@ -75,7 +85,9 @@ class Topology:
         deadline = time.monotonic() + wait_seconds
         async with await aio_pika.connect(self.url, timeout=10) as conn:
             channel = await conn.channel()
-            queue = await channel.declare_queue(self.queue, durable=True)
+            queue = await channel.declare_queue(
+                self.queue, durable=True, arguments=self.queue_arguments
+            )
             while not expected <= {r.message_id for r in self.received}:
                 message = await queue.get(fail=False, timeout=10)
                 if message is None:
@@ -94,6 +106,7 @@ class Topology:
                         message.app_id,
                         message.timestamp,
                         json.loads(message.body),
+                        message.body,
                     )
                 )
                 await message.ack()
@@ -102,7 +115,9 @@ class Topology:
     async def message_count(self) -> int:
         async with await aio_pika.connect(self.url, timeout=10) as conn:
             channel = await conn.channel()
-            queue = await channel.declare_queue(self.queue, durable=True)
+            queue = await channel.declare_queue(
+                self.queue, durable=True, arguments=self.queue_arguments
+            )
             return queue.declaration_result.message_count or 0
 
     async def delete(self) -> None:
@@ -134,8 +149,10 @@ class BrokerControl:
         self.host, self.port = url.host or "127.0.0.1", url.port or 5672
         self.stopped = False
         self.blocked = False
+        self.limited = False
+        self.users: list[str] = []
 
-    async def _run(self, *args: str) -> None:
+    async def _run(self, *args: str) -> str:
         proc = await asyncio.create_subprocess_exec(
             self.ctl,
             *args,
@@ -150,6 +167,12 @@ class BrokerControl:
             pytest.fail(f"{self.ctl} {' '.join(args)} did not finish within 60 s")
         if proc.returncode != 0:
             pytest.fail(f"{self.ctl} {' '.join(args)} exited {proc.returncode}: {out.decode()}")
+        return out.decode()
+
+    async def open_channels(self) -> int:
+        """How many channels are open on the broker, over all connections."""
+        out = await self._run("-q", "list_channels", "--no-table-headers", "pid")
+        return sum(1 for line in out.splitlines() if line.strip())
 
     async def stop(self) -> None:
         self.stopped = True
@@ -175,6 +198,28 @@ class BrokerControl:
         self.blocked = True
         await self._run("-q", "set_vm_memory_high_watermark", "0")
 
+    async def limit_message_size(self, size: int | None) -> None:
+        """Set the broker's max_message_size (None: its default, 128 MiB)."""
+        self.limited = size is not None
+        value = DEFAULT_MAX_MESSAGE_SIZE if size is None else size
+        await self._run("-q", "eval", f"application:set_env(rabbit, max_message_size, {value}).")
+
+    async def add_user(self, name: str, password: str, *, write: str) -> str:
+        """A user of the default vhost that may configure and read everything and write
+        what ``write`` (a regular expression of resource names) matches; its AMQP URL."""
+        self.users.append(name)
+        await self._run("-q", "add_user", name, password)
+        await self.set_write_permission(name, write)
+        return f"amqp://{name}:{password}@{self.host}:{self.port}/"
+
+    async def set_write_permission(self, name: str, write: str) -> None:
+        await self._run("-q", "set_permissions", "-p", "/", name, ".*", write, ".*")
+
+    async def set_topic_write_permission(self, name: str, exchange: str, write: str) -> None:
+        """Topic permissions: on ``exchange`` the user may publish only with routing keys
+        that ``write`` matches."""
+        await self._run("-q", "set_topic_permissions", "-p", "/", name, exchange, write, ".*")
+
     async def unblock_publishers(self) -> None:
         await self._run("-q", "set_vm_memory_high_watermark", "0.4")  # the default
         self.blocked = False
@@ -199,6 +244,10 @@ async def broker(amqp_url: str, topology: Topology) -> AsyncIterator[BrokerContr
             await control.start()
         if control.blocked:
             await control.unblock_publishers()
+        if control.limited:
+            await control.limit_message_size(None)
+        for user in control.users:
+            await control._run("-q", "delete_user", user)
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import subprocess
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from sqlalchemy import func, select, text
 
 from engine import create_engine
 from engine.schema import PUBLISHING, outbox_events
-from tests.cli.conftest import Cli
+from tests.cli.conftest import Cli, abort_for_stacks
 
 
 def database_name(url: str) -> str:
@@ -95,6 +96,16 @@ class Dispatcher:
     def stderr(self) -> str:
         return self.err.read_text()
 
+    def wait_exit(self, timeout: float) -> int:
+        """Its exit code; fails with its threads' stacks if it is still running after
+        ``timeout`` s (it hung: see ``abort_for_stacks``)."""
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            abort_for_stacks(self.proc)
+            self.killed_at = time.monotonic_ns()
+            pytest.fail(f"{self.name} still running after {timeout:g} s:\n{self.stderr()[-8000:]}")
+
     def kill(self) -> None:
         """SIGKILL, and wait until it is gone (its handlers can no longer run)."""
         self.proc.send_signal(signal.SIGKILL)
@@ -133,11 +144,7 @@ def stop_all(dispatchers: list[Dispatcher], timeout: float = 60) -> list[int]:
         if d.proc.poll() is None:
             d.proc.send_signal(signal.SIGTERM)
     for d in alive:
-        try:
-            d.proc.wait(timeout=timeout)
-        except Exception:
-            d.kill()
-            raise
+        d.wait_exit(timeout)
     return [d.proc.returncode for d in alive]
 
 

@@ -115,9 +115,12 @@ class DispatchProcess:
     ) -> None:
         self.instance_id = instance_id
         self.proc = cli.popen(
-            "--dispatch", "--json", "--instance-id", instance_id, *args, env={
-                "PYTHONPATH": str(ROOT), **env
-            }
+            "--dispatch",
+            "--json",
+            "--instance-id",
+            instance_id,
+            *args,
+            env={"PYTHONPATH": str(ROOT), **env},
         )
         self.lines: list[dict[str, Any]] = []
         self.errors: list[str] = []

@@ -392,15 +392,33 @@ SECRET = "hunter2"
         ),
         pytest.param(
             ["dispatch-once", "--installed-app", APP, "--database-url", "sqlite+aiosqlite://"],
-            ["an in-memory SQLite database cannot be shared", "give a file path"],
+            ["an in-memory SQLite database lasts as long as one connection", "give a file path"],
             2,
             id="in-memory-sqlite",
         ),
         pytest.param(
+            ["init-db", "--database-url", "sqlite+aiosqlite:///:memory:"],  # said it created one
+            ["an in-memory SQLite database lasts as long as one connection", "give a file path"],
+            2,
+            id="memory-sqlite-init-db",
+        ),
+        pytest.param(
             ["dispatch-once", "--installed-app", APP, "--amqp-url", "http://broker/"],
-            ["RabbitMQ URL must start with amqp:// or amqps://", "'http://broker/'"],
+            ["RabbitMQ URL must start with amqp:// or amqps://", "scheme 'http'"],
             2,
             id="amqp-wrong-scheme",
+        ),
+        pytest.param(
+            ["dispatch-once", "--installed-app", APP, "--amqp-url", f"guest:{SECRET}@broker/"],
+            ["RabbitMQ URL must start with amqp:// or amqps://", "no scheme"],
+            2,
+            id="amqp-no-scheme",
+        ),
+        pytest.param(
+            ["dispatch-once", "--installed-app", APP, "--amqp-url", f"amqp//guest:{SECRET}@b/"],
+            ["RabbitMQ URL must start with amqp:// or amqps://", "no scheme"],
+            2,
+            id="amqp-scheme-without-colon",
         ),
         pytest.param(
             [

@@ -69,7 +69,7 @@ async def test_sigterm_mid_batch_and_during_start_up_exits_zero_claiming_nothing
             await asyncio.sleep(0.02)
         assert await held_claims(database_url, dispatcher.name) > 0
         dispatcher.proc.send_signal(signal.SIGTERM)  # handlers are sleeping (3 s each)
-        dispatcher.proc.wait(timeout=30)
+        dispatcher.wait_exit(30)
     finally:
         if dispatcher.proc.poll() is None:
             dispatcher.kill()

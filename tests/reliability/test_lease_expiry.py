@@ -108,7 +108,10 @@ async def test_a_late_completion_is_refused_and_the_event_published_once(
         await wait_started(a)
         # A holds the first event (seq order) and stalls in its handler.
         await until(lambda: _holds(database_url, a.name), "A claims the stalled event")
-        b = spawn(cli, "lease-b", (*args, "--batch-size", "10"), env, tmp_path)
+        # B's own lease is long: only A's is meant to run out (a 2 s lease of B's could too
+        # on a loaded machine, which is not what this test is about).
+        b_args = (*args, "--batch-size", "10", "--lease-seconds", "30")
+        b = spawn(cli, "lease-b", b_args, env, tmp_path)
         dispatchers.append(b)
         await wait_started(b)
 

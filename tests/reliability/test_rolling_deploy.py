@@ -86,9 +86,12 @@ async def test_old_and_new_dispatchers_side_by_side_deliver_everything(
 
         await eventually(a_delivered, "v1 to deliver the A events")
         rounds_then = _beat(await _overview(database_url), "v1").iterations
-        await asyncio.sleep(0.6)  # v1 keeps polling; B must stay untouched meanwhile
+
+        async def polled_more() -> bool:  # v1 keeps polling; B must stay untouched meanwhile
+            return _beat(await _overview(database_url), "v1").iterations > rounds_then + 2
+
+        await eventually(polled_more, "v1 to run rounds past the A events")
         snapshot = await _overview(database_url)
-        assert _beat(snapshot, "v1").iterations > rounds_then  # it was running rounds
         assert _beat(snapshot, "v1").serves == [TYPE_A]
         [unserved] = snapshot.unserved  # `stats` and the console: no dispatcher serves these
         assert (unserved.event_type, unserved.count) == (TYPE_B, per_phase)

@@ -73,7 +73,7 @@ async def heartbeat_row(engine: AsyncEngine, instance_id: str) -> dict[str, obje
 async def eventually(
     condition: Callable[[], bool],
     *,
-    within: float = 10.0,
+    within: float = 30.0,
     interval: float = 0.01,
 ) -> None:
     """Wait until ``condition()`` holds; fail the test after ``within`` seconds."""

@@ -12,6 +12,18 @@ from engine.runner import build_dispatcher, run_dispatcher
 from .conftest import fast, heartbeat_row, publish
 
 
+async def row_once(db, instance_id, condition, what, within=20.0):
+    """The heartbeat row once ``condition(row)`` holds (a row or None); fails after ``within``."""
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        row = await heartbeat_row(db, instance_id)
+        if condition(row):
+            return row
+        if asyncio.get_running_loop().time() > deadline:
+            pytest.fail(f"no heartbeat {what} within {within}s; last: {row}")
+        await asyncio.sleep(0.02)
+
+
 async def test_heartbeat_is_upserted_every_iteration_and_marked_stopped(db, registry):
     seen_during_rounds = []
 
@@ -56,9 +68,8 @@ async def test_a_restarted_instance_is_running_again_with_a_new_start(db, regist
         )
     )
     try:
-        await asyncio.sleep(0.2)
-        running = await heartbeat_row(db, "disp-1")
-        assert running["state"] == "running" and running["stopped_at"] is None
+        running = await row_once(db, "disp-1", lambda r: r["state"] == "running", "running")
+        assert running["stopped_at"] is None
         assert running["started_at"] > first["started_at"]
     finally:
         shutdown.set()
@@ -80,7 +91,7 @@ async def test_heartbeat_is_marked_stopped_when_an_exception_escapes(db, registr
 
 
 async def test_heartbeat_writes_are_throttled_while_busy(db):
-    heartbeat = Heartbeat(db, "disp-2", min_interval=1.0)
+    heartbeat = Heartbeat(db, "disp-2", min_interval=60.0)
     written = [await heartbeat.beat({"iterations": i}) for i in range(50)]
     assert written == [True] + [False] * 49
     assert heartbeat.writes == 1
@@ -99,10 +110,9 @@ async def test_an_idle_loop_still_beats_every_heartbeat_seconds(db, registry):
             shutdown=shutdown,
         )
     )
-    await asyncio.sleep(0.1)
-    first = (await heartbeat_row(db, "disp-3"))["last_seen_at"]
-    await asyncio.sleep(0.5)
-    later = (await heartbeat_row(db, "disp-3"))["last_seen_at"]
+    first = (await row_once(db, "disp-3", lambda r: r is not None, "written"))["last_seen_at"]
+    beat = await row_once(db, "disp-3", lambda r: r["last_seen_at"] > first, "after the first")
+    later = beat["last_seen_at"]
     shutdown.set()
     summary = await task
     assert later > first

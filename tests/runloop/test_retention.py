@@ -110,9 +110,7 @@ async def test_retention_none_keeps_published_rows(db, registry, clock):
     assert set((await statuses(db)).values()) == {"published"}
 
 
-async def test_the_loop_forgets_processes_not_seen_for_the_heartbeat_retention(
-    db, registry, clock
-):
+async def test_the_loop_forgets_processes_not_seen_for_the_heartbeat_retention(db, registry, clock):
     from sqlalchemy import insert
 
     from engine.schema import process_heartbeats

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine.errors import ConfigurationError, DatabaseUrlError
-from engine.settings import DispatcherSettings, OutboxSettings, load_settings
+from engine.settings import DispatcherSettings, OutboxSettings, load_settings, misspelt_variables
 
 
 @pytest.fixture(autouse=True)
@@ -119,6 +119,11 @@ def test_explicit_overrides_win_and_none_means_not_given(monkeypatch):
             {"OUTBOX_DISPATCHER__BATCHSIZE": "7"},
             "OUTBOX_DISPATCHER__BATCHSIZE is not a known setting",
         ),
+        (
+            {},
+            {"OUTBOX_EXCHANGE": ""},
+            "OUTBOX_EXCHANGE / --exchange must be a non-empty string, got ''",
+        ),
     ],
 )
 def test_invalid_values_give_one_line_naming_the_setting(monkeypatch, overrides, env, message):
@@ -144,3 +149,23 @@ def test_dispatcher_settings_are_validated_and_frozen():
     settings = DispatcherSettings(batch_size=5)
     with pytest.raises(ValueError):
         settings.batch_size = 6
+
+
+def test_a_variable_that_nearly_spells_a_setting_is_named_with_the_setting():
+    lines = misspelt_variables(
+        {
+            "OUTBOX_DATABSE_URL": "postgresql://db/x",  # a transposition
+            "OUTBOX_DISPATCHER_BATCH_SIZE": "50",  # one underscore for two
+            "outbox_exchang": "events",  # any case, like the settings themselves
+            "OUTBOX_DATABASE_URL": "sqlite:///x.db",  # a setting
+            "OUTBOX_BENCH_DATABASE_URL": "x",  # a deployment's own: far from every setting
+            "OUTBOX_TEST_AMQP_URL": "x",
+            "PATH": "/bin",
+        }
+    )
+    assert lines == [
+        "OUTBOX_DATABSE_URL is not a setting and is ignored: did you mean OUTBOX_DATABASE_URL?",
+        "OUTBOX_DISPATCHER_BATCH_SIZE is not a setting and is ignored: "
+        "did you mean OUTBOX_DISPATCHER__BATCH_SIZE?",
+        "outbox_exchang is not a setting and is ignored: did you mean OUTBOX_EXCHANGE?",
+    ]

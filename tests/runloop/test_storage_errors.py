@@ -46,7 +46,7 @@ async def test_a_missing_table_mid_run_is_survived_and_counted(db, registry, cap
         await eventually(lambda: snapshots[-1].published == 2)
     finally:
         shutdown.set()
-        summary = await asyncio.wait_for(task, timeout=10)
+        summary = await asyncio.wait_for(task, timeout=30)
     assert summary.storage_errors >= 3 and summary.published == 2
     assert handled == ids
     assert "outbox tables are missing" in summary.last_error

@@ -52,12 +52,12 @@ class Running:
                 on_iteration=lambda s, r: self.snapshots.append(s),
             )
         )
-        await eventually(lambda: self.snapshots)  # listening, first round done, now idle
+        await eventually(lambda: self.snapshots, within=30)  # listening, first round done, now idle
         return self
 
     async def __aexit__(self, *exc):
         self.shutdown.set()
-        self.summary = await asyncio.wait_for(self.task, timeout=10)
+        self.summary = await asyncio.wait_for(self.task, timeout=30)
 
 
 async def test_a_commit_notification_wakes_an_idle_dispatcher(pg, registry):
@@ -65,12 +65,12 @@ async def test_a_commit_notification_wakes_an_idle_dispatcher(pg, registry):
         await asyncio.sleep(0.3)  # well into its 30 s idle sleep
         published_at = time.monotonic()
         [event_id] = await publish(pg, registry)
-        await eventually(lambda: event_id in running.handled, within=10)
+        await eventually(lambda: event_id in running.handled, within=30)
         latency = running.handled[event_id] - published_at
     assert notifier.sent >= 1
     assert running.summary.wakeups >= 1  # woken, not timed out
     assert running.summary.published == 1
-    assert latency < 5  # generous: the idle sleep was 30 s
+    assert latency < 20  # generous (a loaded machine): the idle sleep was 30 s
 
 
 async def test_a_plain_sql_producer_can_notify_after_its_commit(pg, registry):
@@ -81,7 +81,7 @@ async def test_a_plain_sql_producer_can_notify_after_its_commit(pg, registry):
         async with pg.connect() as conn:
             await conn.exec_driver_sql("SELECT pg_notify('outbox_events', '')")
             await conn.commit()
-        await eventually(lambda: event_id in running.handled, within=10)
+        await eventually(lambda: event_id in running.handled, within=30)
     assert running.summary.wakeups == 1
 
 
@@ -109,8 +109,8 @@ async def test_notifications_are_coalesced_and_only_follow_commits_with_events(p
                 await publish(pg, registry, prefix=f"burst{i}")
             elapsed = time.monotonic() - started
             await notifier.flush()
-            # Delivery to the listener takes a moment (longer on a loaded machine).
-            await eventually(lambda: len(received) >= notifier.sent, within=5)
+            # Delivery to the listener takes a moment; a loaded CI machine has stalled it 5 s.
+            await eventually(lambda: len(received) >= notifier.sent, within=30)
             burst = len(received)
             # one at once, then at most one per 200 ms window (the last one trailing)
             assert 2 <= burst <= 2 + int(elapsed / 0.2)
@@ -134,18 +134,21 @@ async def test_a_broken_listener_reconnects(pg):
     try:
         async with pg.connect() as conn:
             await conn.exec_driver_sql(
+                # This test's database only: the other xdist worker's listeners live on the
+                # same server (ending them lost its notifications: a CI failure).
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                 " WHERE query LIKE 'LISTEN%' AND pid <> pg_backend_pid()"
+                " AND datname = current_database()"
             )
             await conn.commit()
-        await eventually(lambda: not listener.listening, within=5)
+        await eventually(lambda: not listener.listening, within=30)
         await asyncio.sleep(0.06)
         await listener.ensure()
         assert listener.listening
         async with pg.connect() as conn:
             await conn.exec_driver_sql("SELECT pg_notify('outbox_events', '')")
             await conn.commit()
-        await asyncio.wait_for(listener.event.wait(), timeout=5)
+        await asyncio.wait_for(listener.event.wait(), timeout=20)
     finally:
         await listener.close()
 
