@@ -366,8 +366,9 @@ class RabbitMqOutboxPublisher:
         outcomes = await self._send_all(exchange, call, prepared)
         if any(isinstance(outcome, ChannelClosed) for outcome in outcomes):
             outcomes = await self._one_by_one(call, outcomes, prepared)
-        outage: str | None = None
+        outage: str | None = None  # an outage of its own: the connection, no confirm
         refusal: str | None = None
+        collateral: str | None = None  # taken down by the channel's close over another
         sent = refused = confirmed = False
         for envelope, outcome in zip(call, outcomes, strict=True):
             if outcome is None:
@@ -384,10 +385,14 @@ class RabbitMqOutboxPublisher:
                 sent = True
             if is_outage and _refused_publish(outcome):
                 refusal = refusal or error
+            elif is_outage and isinstance(outcome, ChannelClosed | ChannelInvalidStateError):
+                collateral = collateral or error
             elif is_outage and outage is None:
                 outage, refused = error, _refusal(outcome)
         if outage is None and refusal is not None and not confirmed:
             outage, refused = refusal, True  # refused all alike: the broker's settings
+        if outage is None and collateral is not None:
+            outage = collateral  # the channel or the connection went, and nothing said why
         if outage is not None:
             self._broken = True
             raise _Outage(outage, sent=sent, refused=refused)

@@ -174,6 +174,35 @@ async def test_a_channel_found_closed_before_the_publish_spends_no_attempt() -> 
     await publisher.close()
 
 
+async def test_an_exchange_refusal_names_the_outage_over_the_publishes_its_close_took_down():
+    """The broker refuses one publish (403 on the exchange) and closes the channel; the
+    publishes behind it find the channel closed. The refusal, the broker's settings, is
+    what the relay waits for, not the closed channel it caused."""
+    from aiormq.exceptions import ChannelAccessRefused, ChannelInvalidStateError
+
+    publisher = RabbitMqOutboxPublisher(f"amqp://relay:pw@127.0.0.1:{closed_port()}/")
+    refused, *behind = [envelope() for _ in range(3)]
+    denied = "ACCESS_REFUSED - access to exchange 'outbox' in vhost '/' refused for user 'u'"
+    exchange = _Exchange(
+        {
+            refused.event_id: ChannelAccessRefused(403, denied),
+            **{e.event_id: ChannelInvalidStateError("<Channel> closed") for e in behind},
+        }
+    )
+
+    async def connected():
+        return exchange
+
+    publisher._ensure_connected = connected  # type: ignore[method-assign]
+    publisher._open_channel = connected  # type: ignore[method-assign]
+    result = await publisher.publish([refused, *behind])
+    assert result.published == set()
+    assert set(result.failed) == {refused.event_id} <= result.unavailable  # keeps its last try
+    assert result.unattempted == {e.event_id for e in behind}
+    assert "ACCESS_REFUSED" in (publisher.waiting_reason or ""), publisher.waiting_reason
+    await publisher.close()
+
+
 # -- with the broker ----------------------------------------------------------------------------
 
 
