@@ -115,7 +115,7 @@ async def test_sigterm_is_obeyed_within_seconds_while_another_process_holds_the_
         holder.close()
     assert proc.returncode == 0, stderr
     assert "Traceback" not in stderr
-    assert took < 25, (took, stderr)  # two 5 s waits at most (was 56 s: two of 30 s)
+    assert took < 45, (took, stderr)  # two 5 s waits and a start (was 56 s: two of 30 s)
 
 
 # A SIGTERM whose exception Python raises inside a __del__ (garbage collection runs all

@@ -25,7 +25,7 @@ from unittest import mock
 
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
-from textual.command import CommandPalette
+from textual.command import CommandList, CommandPalette
 from textual.pilot import Pilot
 
 from engine import BackoffPolicy, OutboxDispatcher, create_engine, create_schema, replay_dead_letter
@@ -376,7 +376,18 @@ async def scene_filter(pilot: Pilot[object], clock: FixedClock) -> None:
 async def scene_palette(pilot: Pilot[object], clock: FixedClock) -> None:
     app = await _first_refresh(pilot)
     await pilot.press("ctrl+p", *"replay")
-    await _wait(pilot, lambda: isinstance(app.screen, CommandPalette), "the palette")
+
+    def searched() -> bool:
+        """The search for "replay" has ended: its one hit shown, no busy indicator (the
+        palette searches in a worker; a starved machine would shoot it mid-search)."""
+        palette = app.screen
+        if not isinstance(palette, CommandPalette) or palette._show_busy:
+            return False
+        hits = palette.query_one(CommandList)
+        first = hits.get_option_at_index(0) if hits.option_count == 1 else None
+        return first is not None and str(first.prompt).startswith("Replay all")
+
+    await _wait(pilot, searched, "the palette's one hit for 'replay'")
 
 
 async def scene_error_groups(pilot: Pilot[object], clock: FixedClock) -> None:

@@ -168,7 +168,7 @@ class _SlowRecords(IdempotencyStore):
     """Side-effect records that wait, as on SQLite behind another process's write lock."""
 
     async def record_side_effect(self, *args, **kwargs):
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(1.5)  # past the handler timeout below
         await super().record_side_effect(*args, **kwargs)
 
 
@@ -190,7 +190,7 @@ async def test_a_handler_timed_out_after_the_call_still_records_it(db, registry,
         db,
         registry,
         clock=clock,
-        handler_timeout_seconds=0.1,
+        handler_timeout_seconds=0.5,  # the lookup and the call fit; the record does not
         idempotency_store=_SlowRecords(db, clock=clock),
         backoff=BackoffPolicy(base_seconds=1),
     )
@@ -201,7 +201,7 @@ async def test_a_handler_timed_out_after_the_call_still_records_it(db, registry,
         [effect] = (await conn.execute(select(side_effects))).mappings().all()
     assert effect["status"] == "succeeded" and effect["response"] == "charged"
     clock.advance(1)
-    # The retry, by a dispatcher with the default timeout: 0.1 s was for the slow record,
+    # The retry, by a dispatcher with the default timeout: 0.5 s was for the slow record,
     # and a loaded machine can spend it on the lookup alone.
     retrying = OutboxDispatcher(
         db, registry, clock=clock, idempotency_store=_SlowRecords(db, clock=clock)

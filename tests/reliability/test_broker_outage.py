@@ -138,8 +138,14 @@ async def test_broker_outage_loses_nothing_spends_no_attempts_and_drains(
 
             await eventually(waiting, f"the {lane.database} heartbeat to name the outage")
         # The circuits are open: rounds claim nothing (no iteration line) and spend nothing.
-        await asyncio.sleep(0.3)  # the round that found the outage has printed its line
-        claimed_when_open = [lane.relay.totals()["claimed"] for lane in lanes]
+        # The round that found the outage prints its line after its heartbeat: read the
+        # counts once they hold still for a second (a loaded machine prints late).
+        claimed_when_open: list[int] | None = None
+        settle_by = time.monotonic() + 20
+        while (now := [lane.relay.totals()["claimed"] for lane in lanes]) != claimed_when_open:
+            assert time.monotonic() < settle_by, "the claimed counts never held still"
+            claimed_when_open = now
+            await asyncio.sleep(1.0)
         await asyncio.sleep(max(0.0, down_at_least - (time.monotonic() - stopped_at)))
         for lane, before in zip(lanes, claimed_when_open, strict=True):
             assert lane.relay.totals()["claimed"] == before, lane.relay.output()
