@@ -261,15 +261,8 @@ async def test_the_message_data_is_the_payload_as_stored(
     assert sent[exact]["price"] == Decimal("12345678901234567.89")
 
 
-@pytest.mark.rabbitmq
-async def test_a_message_the_broker_refuses_fails_alone_and_is_no_outage(
-    db, registry, clock, topology, broker: BrokerControl, amqp_url
-):
-    """The broker closes the channel over one message too large for it; the publishes
-    the close took down with it go again alone, on one channel, and only that one fails."""
-    await topology.bind()
-    await broker.limit_message_size(4096)  # read by the channels opened from now on
-    channels_before = await broker.open_channels()
+async def add_oversized_event(db: AsyncEngine) -> str:
+    """An orders.cancelled event of about 8 kB, over a ``limit_message_size(4096)``; its id."""
     big = uuid7()
     async with db.begin() as conn:
         await conn.execute(
@@ -280,6 +273,19 @@ async def test_a_message_the_broker_refuses_fails_alone_and_is_no_outage(
             ),
             {"id": big, "payload": json.dumps({**ACTOR, "note": "y" * 8000})},
         )
+    return big
+
+
+@pytest.mark.rabbitmq
+async def test_a_message_the_broker_refuses_fails_alone_and_is_no_outage(
+    db, registry, clock, topology, broker: BrokerControl, amqp_url
+):
+    """The broker closes the channel over one message too large for it; the publishes
+    the close took down with it go again alone, on one channel, and only that one fails."""
+    await topology.bind()
+    await broker.limit_message_size(4096)  # read by the channels opened from now on
+    channels_before = await broker.open_channels()
+    big = await add_oversized_event(db)
     # On their last attempt: a failure would dead-letter them at once.
     normal = await add_events(db, registry, 40, max_attempts=1)
     relay = RabbitMqOutboxPublisher(amqp_url, exchange=topology.exchange)
@@ -352,16 +358,7 @@ async def test_the_one_by_one_resend_stops_when_the_broker_goes_away(
     await topology.bind()
     await broker.limit_message_size(4096)
     normal = await add_events(db, registry, 8, max_attempts=1)
-    big = uuid7()
-    async with db.begin() as conn:
-        await conn.execute(
-            text(
-                "INSERT INTO outbox_events (id, tenant_id, event_type, event_version,"
-                " aggregate_type, aggregate_id, payload) VALUES (:id, 'acme',"
-                " 'orders.cancelled', 1, 'order', 'big', :payload)"
-            ),
-            {"id": big, "payload": json.dumps({**ACTOR, "note": "y" * 8000})},
-        )
+    await add_oversized_event(db)
     relay = RabbitMqOutboxPublisher(
         amqp_url, exchange=topology.exchange, confirm_timeout=1, connect_timeout=1
     )
