@@ -4,6 +4,7 @@ finish, and the lease rule for starting handlers. Every body runs on SQLite and 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -16,16 +17,27 @@ from .conftest import CTX, order_payload, row
 from .test_dispatch import publish
 
 
+async def _until_reached(bound: asyncio.Event) -> None:
+    """The handlers' I/O: it lasts until as many run at once as allowed (or 5 s, when fewer
+    ever do: the test's ``most`` says so). A fixed sleep let a stalled event loop end one
+    call before the last worker started, on a loaded machine."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(bound.wait(), 5)
+
+
 async def test_handlers_overlap_up_to_max_concurrency(db, registry, clock):
     running = 0
     most = 0
+    reached = asyncio.Event()
 
     @registry.handler("orders.placed", key="orders.io")
     async def io_bound(envelope):
         nonlocal running, most
         running += 1
         most = max(most, running)
-        await asyncio.sleep(0.02)
+        if running == 4:
+            reached.set()
+        await _until_reached(reached)
         running -= 1
 
     await publish(db, registry, count=12)
@@ -40,15 +52,18 @@ async def test_handlers_that_wait_only_sometimes_still_reach_the_bound_and_never
     running = 0
     most = 0
     calls = 0
+    reached = asyncio.Event()
 
     @registry.handler("orders.placed", key="orders.mixed")
     async def sometimes_waits(envelope):
         nonlocal running, most, calls
         running += 1
         most = max(most, running)
+        if running == 6:
+            reached.set()
         calls += 1
         if calls % 2 == 0:
-            await asyncio.sleep(0.05)  # every other call does I/O; the rest return at once
+            await _until_reached(reached)  # every other call does I/O; the rest return at once
         running -= 1
 
     await publish(db, registry, count=40)
