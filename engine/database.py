@@ -46,7 +46,6 @@ PROGRAM = "outbox-tui"
 INIT_DB = f"{PROGRAM} init-db"
 SQLITE_BUSY_TIMEOUT_SECONDS = 30.0
 _READ_ONLY_OPTION = "outbox_read_only"
-_PROMPT_WRITE_OPTION = "outbox_prompt_write"
 _BUSY_TIMEOUT_OPTION = "outbox_busy_timeout"
 # How long a dispatcher's claim and last heartbeat wait for SQLite's write lock: a claim
 # that finds it held longer fails as a storage error and the run loop retries after a
@@ -226,9 +225,9 @@ def _tune_sqlite(engine: AsyncEngine) -> None:
         options = connection.get_execution_options()
         if options.get(_READ_ONLY_OPTION):
             connection.exec_driver_sql("BEGIN DEFERRED")
-        elif options.get(_PROMPT_WRITE_OPTION) or _BUSY_TIMEOUT_OPTION in options:
-            # Prompt: fail at once when the lock is held (begin_promptly polls for it).
-            wait = 0.0 if options.get(_PROMPT_WRITE_OPTION) else options[_BUSY_TIMEOUT_OPTION]
+        elif _BUSY_TIMEOUT_OPTION in options:
+            # A bounded wait for the write lock; 0: fail at once (begin_promptly polls).
+            wait = options[_BUSY_TIMEOUT_OPTION]
             connection.exec_driver_sql(f"PRAGMA busy_timeout={int(wait * 1000)}")
             try:
                 connection.exec_driver_sql("BEGIN IMMEDIATE")
@@ -256,7 +255,7 @@ async def begin_promptly(
         async with engine.begin() as conn:
             yield conn
         return
-    prompt = engine.execution_options(**{_PROMPT_WRITE_OPTION: True})
+    prompt = waiting_at_most(engine, 0)
     deadline = time.monotonic() + wait_seconds
     while True:
         conn = await prompt.connect()

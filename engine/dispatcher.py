@@ -675,6 +675,7 @@ class OutboxDispatcher:
         replays, raw = values["replay_count"], row.raw_payload
         aggregate_type, aggregate_id = values["aggregate_type"], values["aggregate_id"]
         created_at = values["created_at"]
+        budget = self._budget_of(max_attempts)  # the budget this dispatcher applies
         if not (
             type(event_id) is str
             and type(tenant_id) is str
@@ -688,7 +689,7 @@ class OutboxDispatcher:
             and created_at is not None
             and type(raw) is str
             and max_attempts >= 1
-            and attempts <= self._budget_of(max_attempts)
+            and attempts <= budget
         ):
             return None
         try:
@@ -708,7 +709,7 @@ class OutboxDispatcher:
             payload,
             created_at,
             attempts,
-            self._budget_of(max_attempts),  # the budget this dispatcher applies
+            budget,
             claim_version,
             replays,
             raw,

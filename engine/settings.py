@@ -346,7 +346,9 @@ def _from_environment(init: dict[str, Any]) -> OutboxSettings:
     except SettingsError as exc:
         field = re.search(r'field "(\w+)"', str(exc))
         name = env_of((field.group(1),)) if field else ENV_PREFIX + "*"
-        shown = mask_secrets(repr(os.environ.get(name, "")))
+        # Read as pydantic-settings reads it: the name in any case.
+        value = next((v for k, v in os.environ.items() if k.upper() == name), "")
+        shown = mask_secrets(repr(value))
         raise ConfigurationError(f"{name} must be a JSON object, got {shown}") from None
 
 

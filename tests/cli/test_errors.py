@@ -95,6 +95,13 @@ async def ready_url(sqlite_url: str) -> str:
             id="section-not-json",
         ),
         pytest.param(
+            ["stats"],
+            {"outbox_dispatcher": "{lower case"},  # read in any case, as the settings do
+            ["OUTBOX_DISPATCHER must be a JSON object, got '{lower case'"],
+            2,
+            id="section-not-json-lower-case",
+        ),
+        pytest.param(
             ["dead-letter", "replay", "--group", "", "--yes"],
             {},
             ["--group: expected a fingerprint of 12 hex digits", "''"],
