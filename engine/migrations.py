@@ -44,6 +44,7 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import Connection, inspect, text
+from sqlalchemy.engine import Inspector
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from engine.schema import SQLITE_SEQ_TRIGGER, metadata, outbox_events, replay_log
@@ -77,14 +78,21 @@ _RESPELLED = {
 def missing_tables(sync_conn: Connection) -> list[str]:
     """The tables of this version the database lacks (a new database lacks them all):
     added since an earlier version, or dropped by hand. ``create_all`` makes them."""
-    present = set(inspect(sync_conn).get_table_names())
+    return _missing_tables(inspect(sync_conn))
+
+
+def _missing_tables(inspector: Inspector) -> list[str]:
+    present = set(inspector.get_table_names())
     return [table.name for table in metadata.sorted_tables if table.name not in present]
 
 
 def missing_columns(sync_conn: Connection) -> list[str]:
     """``table.column`` names this version needs and the database's tables lack (a table
     that is missing altogether is made whole: see ``missing_tables``)."""
-    inspector = inspect(sync_conn)
+    return _missing_columns(inspect(sync_conn))
+
+
+def _missing_columns(inspector: Inspector) -> list[str]:
     present = set(inspector.get_table_names())
     found: dict[str, set[str]] = {}
     missing = []
@@ -127,9 +135,13 @@ def missing_indexes(sync_conn: Connection) -> list[str]:
 
 
 def outdated_parts(sync_conn: Connection) -> list[str]:
-    """Everything this version needs and the database lacks: tables, columns, indexes."""
-    tables = [f"table {name}" for name in missing_tables(sync_conn)]
-    return tables + missing_columns(sync_conn) + missing_indexes(sync_conn)
+    """Everything this version needs and the database lacks: tables, columns, indexes.
+
+    One inspector for the tables and columns: it reads the table list once.
+    """
+    inspector = inspect(sync_conn)
+    tables = [f"table {name}" for name in _missing_tables(inspector)]
+    return tables + _missing_columns(inspector) + missing_indexes(sync_conn)
 
 
 def _upgrade(sync_conn: Connection) -> list[str]:

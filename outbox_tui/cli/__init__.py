@@ -22,9 +22,15 @@ from outbox_tui import PROG, __version__
 from outbox_tui.cli import console, dead_letter, dispatch, init_db, pause, stats
 from outbox_tui.cli.errors import EXIT_USAGE, UsageError, run_guarded
 from outbox_tui.cli.event_loop import run_coroutine
-from outbox_tui.cli.options import Invocation, Parser, add_common, examples, resolve
+from outbox_tui.cli.options import (
+    Invocation,
+    Parser,
+    add_common,
+    examples,
+    redacting_output,
+    resolve,
+)
 from outbox_tui.cli.redaction import RedactingStream, Redactor, SecretFilter, configure_logging
-from outbox_tui.output import Output
 
 COMMAND_GROUPS: tuple[ModuleType, ...] = (dispatch, dead_letter, pause, stats, init_db)
 # Commands that need every setting valid; the others only read and go on without a bad
@@ -137,11 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Before the settings resolve (their errors may echo a value holding a URL): the
     # fallback masks the credentials of any URL it prints.
     given = list(sys.argv[1:] if argv is None else argv)
-    fallback = Output(
-        json_mode="--json" in given,
-        stdout=RedactingStream(sys.stdout, Redactor()),  # type: ignore[arg-type]
-        stderr=RedactingStream(sys.stderr, Redactor()),  # type: ignore[arg-type]
-    )
+    fallback = redacting_output(Redactor(), json_mode="--json" in given)
     parser = build_parser()
     try:
         args_list = prepare_argv(parser, given)
@@ -150,8 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         command = " ".join(path) or "console"
         flags = _options(_command_parser(parser, path))
     except UsageError as exc:
-        fallback.failed(mask_secrets(str(exc)), EXIT_USAGE)
-        return EXIT_USAGE
+        return fallback.failed(mask_secrets(str(exc)), EXIT_USAGE)
     inv: Invocation | None = None
 
     def resolved() -> int:
@@ -170,7 +171,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(inv: Invocation) -> int:
     configure_logging(inv.log_level, inv.out, inv.redact)
     if inv.installed_apps and inv.command not in STRICT_SETTINGS:
-        load_registry(inv.installed_apps, app_dir=inv.app_dir)  # unused, but a bad name is an error
+        # A bad name is an error even for a command that does not need the registry.
+        inv.registry = load_registry(inv.installed_apps, app_dir=inv.app_dir)
     result = inv.args.run(inv)
     if inspect.iscoroutine(result):
         result = run_coroutine(result)

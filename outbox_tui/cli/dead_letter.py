@@ -307,12 +307,11 @@ async def replay_dead_letters(inv: Invocation) -> int:
             if not plan.ids:  # an unknown fingerprint, or a group of failed rows only
                 report.group_failed = len((await group_events(engine, args.group)).ids)
                 if not report.group_failed:
-                    inv.out.failed(
+                    return inv.out.failed(
                         f"no error group has the fingerprint {args.group!r}: nothing replayed "
                         f"(`{PROG} dead-letter groups` lists them)",
                         EXIT_FAILURE,
                     )
-                    return EXIT_FAILURE
         else:
             plan = await plan_replay_of_ids(insights, args.event_ids)
         report.matched, report.by_type, report.refused = plan.matched, plan.by_type, plan.refused

@@ -44,24 +44,20 @@ def run_guarded(body: Callable[[], int], out: Output) -> int:
     try:
         return body()
     except UsageError as exc:
-        out.failed(str(exc), EXIT_USAGE)
-        return EXIT_USAGE
+        return out.failed(str(exc), EXIT_USAGE)
     except OutboxError as exc:
         if _closed_pipe(exc):
             _silence_stdout()
             return EXIT_OK
-        out.failed(str(exc) or type(exc).__name__, exit_status(exc))
-        return exit_status(exc)
+        return out.failed(str(exc) or type(exc).__name__, exit_status(exc))
     except BrokenPipeError:
         _silence_stdout()  # like other Unix tools: no message when the pipe closes
         return EXIT_OK
     except KeyboardInterrupt:
-        out.failed("interrupted", EXIT_INTERRUPTED)
-        return EXIT_INTERRUPTED
+        return out.failed("interrupted", EXIT_INTERRUPTED)
     except Exception as exc:  # a bug: one line for the operator, the traceback at DEBUG
         log.debug("unexpected error", exc_info=True)
-        out.failed(
+        return out.failed(
             f"unexpected {type(exc).__name__}: {exc} (run with --log-level DEBUG for details)",
             EXIT_FAILURE,
         )
-        return EXIT_FAILURE

@@ -19,6 +19,7 @@ from pydantic import BaseModel
 
 from engine.database import mask_url
 from engine.error_groups import FINGERPRINT_LENGTH
+from engine.registry import EventRegistry
 from engine.settings import (
     ConsoleSettings,
     DispatcherSettings,
@@ -200,6 +201,9 @@ class Invocation:
     # A bad dispatcher setting a read-only command went on without (None: all fine; a bad
     # console setting is not kept: no read-only command uses it).
     settings_problem: str | None = None
+    # The installed apps' registry, loaded once before the command runs (None: no
+    # ``--installed-app``, or a command that loads its own: console and dispatch).
+    registry: EventRegistry | None = None
 
     def opt(self, name: str, default: Any = None) -> Any:
         return getattr(self.args, name, default)
@@ -215,6 +219,15 @@ class Invocation:
     @property
     def log_level(self) -> str:
         return self.settings.log_level or ("INFO" if self.command == "dispatch" else "WARNING")
+
+
+def redacting_output(redact: Redactor, *, json_mode: bool) -> Output:
+    """The command's output on stdout and stderr, with ``redact``'s secrets masked."""
+    return Output(
+        json_mode=json_mode,
+        stdout=RedactingStream(sys.stdout, redact),  # type: ignore[arg-type]
+        stderr=RedactingStream(sys.stderr, redact),  # type: ignore[arg-type]
+    )
 
 
 def resolve(
@@ -239,11 +252,7 @@ def resolve(
     redact.add(settings.database_url)
     redact.add(settings.amqp_url)
     json_mode = bool(getattr(args, "json", False))
-    out = Output(
-        json_mode=json_mode,
-        stdout=RedactingStream(sys.stdout, redact),  # type: ignore[arg-type]
-        stderr=RedactingStream(sys.stderr, redact),  # type: ignore[arg-type]
-    )
+    out = redacting_output(redact, json_mode=json_mode)
     for line in misspelt_variables():
         out.note(line)
     return Invocation(

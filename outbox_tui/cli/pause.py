@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from engine.operations import load_registry, open_database, pause_type, resume_type
+from engine.operations import open_database, pause_type, resume_type
 from engine.pauses import Pause, describe_scope
 from engine.replay import default_operator
 from outbox_tui import PROG, output
@@ -90,10 +90,9 @@ async def pause_command(inv: Invocation) -> int:
 def _note_if_unknown(inv: Invocation, event_type: str) -> None:
     """A typo pauses nothing: say so when the installed apps do not register the type (the
     pause holds all the same: a dispatcher of another service may serve it)."""
-    if not inv.installed_apps:
+    if inv.registry is None:
         return
-    registry = load_registry(inv.installed_apps, app_dir=inv.app_dir)
-    if event_type not in {name for name, _version in registry.event_types()}:
+    if event_type not in {name for name, _version in inv.registry.event_types()}:
         inv.out.note(
             f"note: the installed apps register no event type {event_type!r}; check the "
             "name (the pause holds for any dispatcher that serves it)"

@@ -87,13 +87,14 @@ class Output:
         self._stderr.write(f"{PROG}: error: {_one_line(message)}\n")
         self._stderr.flush()
 
-    def failed(self, message: str, status: int) -> None:
+    def failed(self, message: str, status: int) -> int:
         """A command's failure: the ``error`` line, and in JSON mode also
         ``{"error": ..., "exit_status": N}`` on stdout, so a script that reads stdout
-        learns why there is no result."""
+        learns why there is no result. Returns ``status``, the command's exit status."""
         self.error(message)
         if self.json_mode:
             self.json({"error": _one_line(message), "exit_status": status})
+        return status
 
     def note(self, message: str) -> None:
         """A short human remark on stderr (never in JSON mode's stdout)."""
