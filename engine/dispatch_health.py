@@ -12,12 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Integer, Text, column, func, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from engine.schema import (
+    DEAD_LETTER,
     FAILED,
     KEY_STALLED_PREDICATE,
     KEY_UNFINISHED_PREDICATE,
@@ -26,6 +27,7 @@ from engine.schema import (
     UtcDateTime,
     outbox_events,
     process_heartbeats,
+    status_is_one_of,
 )
 
 t = outbox_events
@@ -195,17 +197,43 @@ AND NOT EXISTS (
 """
 
 
-async def blocked_summary(conn: AsyncConnection) -> tuple[int, datetime | None]:
-    """How many keys are blocked, and when the oldest blocking head was created."""
+class BlockedSummary(NamedTuple):
+    """The blocked ordering keys at a glance."""
+
+    keys: int
+    oldest_head_at: datetime | None
+    # Pending or failed events queued behind a dead-lettered head. They cannot drain on
+    # their own: each waits for an operator to replay or skip its key's head (a failed
+    # head's key drains once its retry succeeds, so those are not counted).
+    held_by_dead_letters: int
+
+
+def blocked_summary_sql(dialect: str) -> str:
+    """How many keys are blocked, the oldest head, and what dead-lettered heads hold.
+
+    One probe of ix_outbox_events_key_order per dead-lettered head, over the rows after
+    it (in the inner query, unqualified names are its own table's, w).
+    """
+    waiting = status_is_one_of(PENDING, FAILED)
+    held = f"""(SELECT count(*) FROM outbox_events AS w
+    WHERE w.ordering_key = heads.ordering_key AND w.seq > heads.seq
+    AND {KEYED_PREDICATE} AND {KEY_UNFINISHED_PREDICATE} AND ({waiting}))"""
+    return f"""SELECT count(*) AS n, min(created_at) AS oldest,
+    coalesce(sum(CASE WHEN status = '{DEAD_LETTER}' THEN {held} ELSE 0 END), 0) AS held
+FROM ({blocked_heads_sql(dialect)}) AS heads"""
+
+
+async def blocked_summary(conn: AsyncConnection) -> BlockedSummary:
+    """How many keys are blocked, the oldest blocking head, and the events that wait for
+    an operator behind dead-lettered heads."""
     row = (
         await conn.execute(
-            text(
-                "SELECT count(*), min(created_at) "
-                f"FROM ({blocked_heads_sql(conn.dialect.name)}) AS heads"
-            ).columns(column("n", Integer), column("oldest", UtcDateTime()))
+            text(blocked_summary_sql(conn.dialect.name)).columns(
+                column("n", Integer), column("oldest", UtcDateTime()), column("held", Integer)
+            )
         )
     ).one()
-    return int(row.n or 0), row.oldest
+    return BlockedSummary(int(row.n or 0), row.oldest, int(row.held or 0))
 
 
 async def read_blocked_keys(

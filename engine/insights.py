@@ -209,7 +209,7 @@ class OutboxInsights:
         stuck = await _scalar(conn, stuck_statement(now))
         heartbeats = await self._heartbeats(conn, now)
         unserved = await unserved_types(conn, heartbeats, now)
-        blocked_keys, oldest_blocked = await blocked_summary(conn)
+        blocked = await blocked_summary(conn)
         return OverviewSnapshot(
             taken_at=now,
             counts=counts,
@@ -220,8 +220,9 @@ class OutboxInsights:
             awaiting_purge=awaiting_purge,
             retention_seconds=self.retention_seconds,
             heartbeats=heartbeats,
-            blocked_keys=blocked_keys,
-            oldest_blocked_head_at=oldest_blocked,
+            blocked_keys=blocked.keys,
+            oldest_blocked_head_at=blocked.oldest_head_at,
+            held_by_dead_letters=blocked.held_by_dead_letters,
             unserved=unserved,
             published_counted_at=totals.taken_at,
             published_since=published_since,

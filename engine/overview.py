@@ -37,6 +37,8 @@ class OverviewSnapshot:
     # Ordering keys whose head is failed or dead-lettered, and the oldest such head.
     blocked_keys: int = 0
     oldest_blocked_head_at: datetime | None = None
+    # Pending or failed events behind a dead-lettered head: they wait for an operator.
+    held_by_dead_letters: int = 0
     # Waiting events of types no live dispatcher serves (empty while none is alive).
     unserved: Sequence[UnservedType] = ()
     # When counts["published"] and awaiting_purge were last counted in full: taken_at for

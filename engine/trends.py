@@ -3,7 +3,11 @@
 Pure logic, no I/O and no clock: a front end adds one ``Sample`` per overview it
 takes (``Sample.from_overview``) to a bounded ``Trends`` ring, draws the series as
 sparklines and shows ``verdict()``, one line such as "draining, empty in about 3m",
-"growing by 120/s" or "stalled: nothing published in 2m".
+"growing by 120/s" or "stalled: nothing published in 2m". Events held behind a
+dead-lettered head of their ordering key never drain by themselves: the verdict leaves
+them out of its rates and its ETA and says how many there are ("draining, empty in about
+3m (40 held by dead letters)"; "held: 40 wait behind dead letters ..." once nothing else
+waits), as the console says what pauses hold.
 
 Rates come from differences between samples. ``published_total`` is a counter that
 should only grow; when it drops (the retention purge deleted published rows, or it
@@ -28,13 +32,14 @@ DEFAULT_CAPACITY = 120  # two minutes at one sample a second
 DEFAULT_WINDOW_SECONDS = 60.0
 DEFAULT_STALL_AFTER_SECONDS = 30.0
 
-IDLE, MEASURING, DRAINING, GROWING, STEADY, STALLED = (
+IDLE, MEASURING, DRAINING, GROWING, STEADY, STALLED, HELD = (
     "idle",
     "measuring",
     "draining",
     "growing",
     "steady",
     "stalled",
+    "held",
 )
 
 
@@ -46,6 +51,14 @@ class Sample:
     backlog: int  # pending + failed
     oldest_pending_age: float | None  # seconds; None when nothing is pending
     published_total: int
+    # Of the backlog, the events behind a dead-lettered head of their ordering key: they
+    # cannot drain until an operator replays or skips that head.
+    held: int = 0
+
+    @property
+    def drainable(self) -> int:
+        """The backlog that can drain without an operator."""
+        return max(0, self.backlog - self.held)
 
     @classmethod
     def from_overview(cls, snapshot: OverviewSnapshot) -> Sample:
@@ -55,6 +68,7 @@ class Sample:
             backlog=int(counts.get("pending", 0)) + int(counts.get("failed", 0)),
             oldest_pending_age=snapshot.oldest_pending_age_seconds,
             published_total=int(counts.get("published", 0)),
+            held=snapshot.held_by_dead_letters,
         )
 
 
@@ -123,7 +137,9 @@ class Trends:
             window = list(self._samples)[-2:]
         first = window[0]
         span = _seconds(first, newest)
-        net = (newest.backlog - first.backlog) / span
+        # What drains on its own: events held behind dead letters wait for an operator,
+        # however fast the rest goes, so they count in neither the rate nor the ETA.
+        net = (newest.drainable - first.drainable) / span
         drains = [d for d in (_drain(a, b) for a, b in _pairs(window)) if d is not None]
         drain = sum(drains) / len(drains) if drains else None
         quiet = self._quiet_seconds()
@@ -131,15 +147,19 @@ class Trends:
             if drain:
                 return Verdict(STEADY, f"keeping up: {_rate(drain)} published, none waiting", net)
             return Verdict(IDLE, "idle", net)
+        held = f" ({newest.held:,} held by dead letters)" if newest.held else ""
+        if newest.drainable == 0:
+            text = f"held: {newest.held:,} wait behind dead letters (replay or skip their heads)"
+            return Verdict(HELD, text, net)
         if quiet >= stall_after_seconds:
-            return Verdict(STALLED, f"stalled: nothing published in {_duration(quiet)}", net)
+            return Verdict(STALLED, f"stalled: nothing published in {_duration(quiet)}{held}", net)
         if net < 0:
-            eta = newest.backlog / -net
-            return Verdict(DRAINING, f"draining, empty in about {_duration(eta)}", net, eta)
+            eta = newest.drainable / -net
+            return Verdict(DRAINING, f"draining, empty in about {_duration(eta)}{held}", net, eta)
         if net > 0:
-            return Verdict(GROWING, f"growing by {_rate(net)}", net)
+            return Verdict(GROWING, f"growing by {_rate(net)}{held}", net)
         shown = f"{_rate(drain)} published, " if drain else ""
-        return Verdict(STEADY, f"steady: {shown}{newest.backlog:,} waiting", net)
+        return Verdict(STEADY, f"steady: {shown}{newest.backlog:,} waiting{held}", net)
 
     def _quiet_seconds(self) -> float:
         """Seconds since the end of the last interval that published anything.

@@ -119,6 +119,8 @@ def stats_record(
         "blocked_keys": snapshot.blocked_keys,
         "oldest_blocked_head_at": iso(snapshot.oldest_blocked_head_at),
         "oldest_blocked_head_age_seconds": seconds(snapshot.oldest_blocked_head_age_seconds),
+        # Pending or failed events behind a dead-lettered head: they wait for an operator.
+        "held_by_dead_letters": snapshot.held_by_dead_letters,
         "heartbeats": [heartbeat_record(hb) for hb in snapshot.heartbeats],
         # Waiting events of types no live dispatcher serves: they stay pending.
         "unserved": [

@@ -117,6 +117,9 @@ def stats_tables(
         "blocked ordering keys (failed or dead-letter head)", str(record["blocked_keys"])
     )
     overview.add_row("oldest blocked head age", age(record["oldest_blocked_head_age_seconds"]))
+    overview.add_row(
+        "held behind dead letters (replay or skip the head)", str(record["held_by_dead_letters"])
+    )
     tables: list[Table | Text] = [overview]
     if record["unserved"]:
         unserved = Table(title="no dispatcher serves these (they wait)", title_justify="left")

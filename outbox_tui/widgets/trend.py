@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from rich.text import Text
 from textual.widgets import Static
 
-from engine.trends import DRAINING, GROWING, MEASURING, STALLED, Trends, Verdict
+from engine.trends import DRAINING, GROWING, HELD, MEASURING, STALLED, Trends, Verdict
 from outbox_tui.widgets.format import compact, duration
 
 BLOCKS = "▁▂▃▄▅▆▇█"
@@ -30,6 +30,7 @@ VERDICT_STYLES = {
     DRAINING: f"bold {OK}",
     GROWING: f"bold {WARN}",
     STALLED: f"bold {CRIT}",
+    HELD: f"bold {CRIT}",  # only an operator can move it on
     MEASURING: MUTED,
 }
 MIN_SPARK, MAX_SPARK = 4, 30

@@ -32,6 +32,7 @@ STATS_KEYS = {
     "blocked_keys",
     "oldest_blocked_head_at",
     "oldest_blocked_head_age_seconds",
+    "held_by_dead_letters",
     "heartbeats",
     "unserved",
     "pauses",

@@ -156,6 +156,31 @@ async def test_a_dead_letter_blocks_its_key_until_skipped(db, ordered, clock):
     )
 
 
+async def test_the_overview_counts_what_waits_behind_dead_letters_not_behind_retries(
+    db, ordered, clock
+):
+    """Events behind a dead-lettered head wait for an operator; behind a failed head they
+    drain once its retry succeeds. The trend leaves only the first kind out of its ETA."""
+
+    @ordered.handler("orders.placed", key="orders.picky")
+    async def picky(envelope):
+        if envelope.event_id == ids[0]:
+            raise EventHandlerPermanentError("bad address")
+        if envelope.event_id == ids[3]:
+            raise RuntimeError("vendor down")
+
+    ids = await publish(db, ordered, ["a", "a", "a", "b", "b"])
+    worker = dispatcher(db, ordered, clock)
+    assert await worker.dispatch_once() == DispatchResult(claimed=2, failed=1, dead_lettered=1)
+    insights = OutboxInsights(db, clock=clock)
+    overview = await insights.overview()
+    assert overview.blocked_keys == 2  # a behind its dead letter, b behind its retry
+    assert overview.held_by_dead_letters == 2  # a's two; b's one drains after the retry
+
+    await skip_dead_letter(db, [ids[0]], operator="ops", reason="known bad", now=clock())
+    assert (await insights.overview()).held_by_dead_letters == 0
+
+
 async def test_skip_refuses_what_it_cannot_release(db, ordered, clock):
     [pending] = await publish(db, ordered, ["a"])
     with pytest.raises(ReplayError, match="not dead_letter"):

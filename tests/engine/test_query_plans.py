@@ -136,6 +136,13 @@ async def test_blocked_heads_are_found_through_the_stalled_index(db):
     assert "ix_outbox_events_key_order" in plan
 
 
+async def test_what_dead_letters_hold_is_counted_through_the_key_index(db):
+    plan = await _text_plan(db, dispatch_health.blocked_summary_sql(db.dialect.name), {})
+    _assert_no_table_scan(plan)
+    assert "ix_outbox_events_key_stalled" in plan
+    assert "ix_outbox_events_key_order" in plan
+
+
 async def test_a_scoped_claim_reads_one_range_per_served_type(db, clock):
     """While rows of other types wait, the unordered claim never walks them."""
     if db.dialect.name == "postgresql":

@@ -93,5 +93,43 @@ def test_a_sample_is_made_from_an_overview():
         taken_at=T0,
         counts={"pending": 7, "failed": 3, "published": 90, "dead_letter": 4},
         oldest_pending_age_seconds=12.5,
+        held_by_dead_letters=2,
     )
-    assert Sample.from_overview(snap) == Sample(T0, 10, 12.5, 90)  # type: ignore[arg-type]
+    assert Sample.from_overview(snap) == Sample(T0, 10, 12.5, 90, held=2)  # type: ignore[arg-type]
+
+
+def held(*points: tuple[float, int, int, int]) -> Trends:
+    """Samples from (seconds after T0, backlog, published total, held behind dead letters)."""
+    found = Trends()
+    for at, backlog, published, behind in points:
+        found.add(Sample(T0 + timedelta(seconds=at), backlog, 5.0, published, held=behind))
+    return found
+
+
+def test_events_held_behind_dead_letters_are_left_out_of_the_eta_and_named():
+    # 40 of the backlog sit behind dead letters; the other 60 drain at 1/s.
+    draining = held(*((s, 100 - s, s, 40) for s in range(0, 21, 2)))
+    verdict = draining.verdict()
+    assert verdict.kind == "draining"
+    assert verdict.text == "draining, empty in about 40s (40 held by dead letters)"
+    assert verdict.eta_seconds == pytest.approx(40)
+    # More dead letters each second: the backlog holds still, yet the rest is draining.
+    moving = held(*((s, 100, s, 40 + s) for s in range(0, 21, 2)))
+    assert moving.verdict().kind == "draining"
+
+
+def test_a_backlog_held_whole_by_dead_letters_asks_for_an_operator_not_for_patience():
+    verdict = held((0, 40, 10, 40), (60, 40, 10, 40)).verdict()
+    assert verdict.kind == "held"  # not "stalled": nothing will publish them
+    assert verdict.text == "held: 40 wait behind dead letters (replay or skip their heads)"
+
+
+def test_other_verdicts_say_how_many_are_held():
+    assert (
+        held((0, 50, 0, 5), (10, 70, 10, 5)).verdict().text
+        == "growing by 2.0/s (5 held by dead letters)"
+    )
+    assert (
+        held((0, 50, 0, 5), (200, 50, 0, 5)).verdict().text
+        == "stalled: nothing published in 3m (5 held by dead letters)"
+    )
