@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import signal
 from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -29,6 +30,9 @@ from outbox_tui.widgets.overview import AgeThresholds
 
 DB_CALL_GRACE_SECONDS = 3.0
 T = TypeVar("T")
+STOP_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)
+)
 
 
 def _settled(task: asyncio.Task[Any]) -> None:
@@ -104,6 +108,8 @@ class OutboxConsole(App[int]):
         self.display_url = display_url or mask_url(config.database_url)
         self._quitting = False
         self._db_calls: set[asyncio.Task[Any]] = set()
+        # The signal that quit the console (SIGTERM, SIGHUP), if one did.
+        self.stopped_by: str | None = None
 
     @property
     def main(self) -> MainScreen:
@@ -128,8 +134,24 @@ class OutboxConsole(App[int]):
 
     async def on_mount(self) -> None:
         self.settle_collector()
+        self._catch_stop_signals()
         if self.traffic is not None:
             await self.traffic.start()
+
+    def _catch_stop_signals(self) -> None:
+        """SIGTERM (``kill``, a service manager) and SIGHUP (the terminal went away) quit
+        as ``q`` does: the in-process dispatcher's handlers in flight finish first and its
+        heartbeat says stopped. Without this, SIGTERM unwound the app mid-batch and SIGHUP
+        killed the process outright."""
+        loop = asyncio.get_running_loop()
+        for sig in STOP_SIGNALS:
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, self._stop_signalled, sig)  # main thread, Unix
+
+    def _stop_signalled(self, sig: signal.Signals) -> None:
+        if self.stopped_by is None:
+            self.stopped_by = sig.name
+            self.call_later(self.action_quit)
 
     def settle_collector(self) -> None:
         """Put the objects alive now out of the cyclic garbage collector's reach.
@@ -164,6 +186,10 @@ class OutboxConsole(App[int]):
             self.exit(0)
 
     async def on_unmount(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in STOP_SIGNALS:
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.remove_signal_handler(sig)
         with contextlib.suppress(Exception):
             await self.dispatch.stop()
         if self._db_calls:

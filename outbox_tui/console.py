@@ -130,4 +130,6 @@ def run_console(
         return EXIT_USAGE
     with logging_into_console():
         app.run()
+    if app.stopped_by is not None:
+        print(f"{PROG}: {app.stopped_by} received: the console stopped", file=err)
     return app.return_code or 0

@@ -14,29 +14,23 @@ Dependencies come from the package index pip is configured with (``PIP_INDEX_URL
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
-import pty
 import re
-import select
 import shutil
-import struct
 import subprocess
 import sys
 import tarfile
-import termios
 import textwrap
-import time
 import zipfile
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 import outbox_tui
+
+from ..terminal import plain, read_until, terminal
 
 pytestmark = pytest.mark.slow
 
@@ -284,56 +278,6 @@ def test_the_installed_console_shows_its_first_screen(venv: Venv) -> None:
     assert {"tile-pending", "tile-dead_letter", "tile-published"} <= set(seen["tiles"])
     assert seen["tiles"]["tile-pending"].strip() == "0"
     assert "waiting for the first refresh" not in seen["health"]
-
-
-@contextlib.contextmanager
-def terminal(
-    argv: list[str], *, cwd: Path, env: dict[str, str], size: tuple[int, int] = (160, 48)
-) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
-    """``argv`` on a pseudo-terminal of ``size`` (columns, rows); yields the process and the fd."""
-    controller, terminal_fd = pty.openpty()
-    columns, rows = size
-    fcntl.ioctl(terminal_fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
-    proc = subprocess.Popen(
-        argv,
-        cwd=cwd,
-        env={**env, "TERM": "xterm-256color", "COLUMNS": str(columns), "LINES": str(rows)},
-        stdin=terminal_fd,
-        stdout=terminal_fd,
-        stderr=terminal_fd,
-        start_new_session=True,
-    )
-    os.close(terminal_fd)
-    try:
-        yield proc, controller
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        os.close(controller)
-
-
-def read_until(fd: int, done: Callable[[bytes], bool], seconds: float) -> bytes:
-    """What the terminal shows until ``done(output)``, it closes, or ``seconds`` pass."""
-    output = b""
-    deadline = time.monotonic() + seconds
-    while not done(output) and (left := deadline - time.monotonic()) > 0:
-        ready, _, _ = select.select([fd], [], [], left)
-        if not ready:
-            continue
-        try:
-            chunk = os.read(fd, 65536)
-        except OSError:  # EIO: the process closed the terminal
-            break
-        if not chunk:
-            break
-        output += chunk
-    return output
-
-
-def plain(screen: bytes) -> str:
-    """Terminal output without its control sequences."""
-    return re.sub(rb"\x1b\[[0-9;?<>=]*[ -/]*[@-~]", b"", screen).decode(errors="replace")
 
 
 def test_the_installed_demo_runs_in_a_terminal(venv: Venv) -> None:
