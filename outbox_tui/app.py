@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import signal
+import sys
 from collections.abc import Awaitable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -26,13 +26,11 @@ from outbox_tui.actions import bindings
 from outbox_tui.dispatch_control import DispatchControl, console_instance_id
 from outbox_tui.screens.help import HelpScreen
 from outbox_tui.screens.main import MainScreen
+from outbox_tui.stop_signals import StopSignals
 from outbox_tui.widgets.overview import AgeThresholds
 
 DB_CALL_GRACE_SECONDS = 3.0
 T = TypeVar("T")
-STOP_SIGNALS = tuple(
-    getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)
-)
 
 
 def _settled(task: asyncio.Task[Any]) -> None:
@@ -108,8 +106,7 @@ class OutboxConsole(App[int]):
         self.display_url = display_url or mask_url(config.database_url)
         self._quitting = False
         self._db_calls: set[asyncio.Task[Any]] = set()
-        # The signal that quit the console (SIGTERM, SIGHUP), if one did.
-        self.stopped_by: str | None = None
+        self.stop_signals: StopSignals | None = None  # from mount on
 
     @property
     def main(self) -> MainScreen:
@@ -140,18 +137,18 @@ class OutboxConsole(App[int]):
 
     def _catch_stop_signals(self) -> None:
         """SIGTERM (``kill``, a service manager) and SIGHUP (the terminal went away) quit
-        as ``q`` does: the in-process dispatcher's handlers in flight finish first and its
-        heartbeat says stopped. Without this, SIGTERM unwound the app mid-batch and SIGHUP
-        killed the process outright."""
-        loop = asyncio.get_running_loop()
-        for sig in STOP_SIGNALS:
-            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.add_signal_handler(sig, self._stop_signalled, sig)  # main thread, Unix
+        as ``q`` does (``outbox_tui.stop_signals``). Without this, SIGTERM unwound the app
+        mid-batch and SIGHUP killed the process outright."""
+        grace = self.dispatch.spec.settings.dispatcher.lease_seconds
+        self.stop_signals = StopSignals(
+            lambda: self.call_later(self.action_quit), grace_seconds=grace, stderr=sys.stderr
+        )
+        self.stop_signals.install()
 
-    def _stop_signalled(self, sig: signal.Signals) -> None:
-        if self.stopped_by is None:
-            self.stopped_by = sig.name
-            self.call_later(self.action_quit)
+    @property
+    def stopped_by(self) -> str | None:
+        """The signal that quit the console (SIGTERM, SIGHUP), if one did."""
+        return self.stop_signals.received if self.stop_signals is not None else None
 
     def settle_collector(self) -> None:
         """Put the objects alive now out of the cyclic garbage collector's reach.
@@ -186,10 +183,8 @@ class OutboxConsole(App[int]):
             self.exit(0)
 
     async def on_unmount(self) -> None:
-        loop = asyncio.get_running_loop()
-        for sig in STOP_SIGNALS:
-            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.remove_signal_handler(sig)
+        if self.stop_signals is not None and self.stop_signals.received is None:
+            self.stop_signals.restore()  # after a stop signal, run_console does (the watchdog)
         with contextlib.suppress(Exception):
             await self.dispatch.stop()
         if self._db_calls:

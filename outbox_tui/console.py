@@ -128,8 +128,12 @@ def run_console(
             file=err,
         )
         return EXIT_USAGE
-    with logging_into_console():
-        app.run()
+    try:
+        with logging_into_console():
+            app.run()
+    finally:
+        if app.stop_signals is not None:
+            app.stop_signals.restore()
     if app.stopped_by is not None:
         print(f"{PROG}: {app.stopped_by} received: the console stopped", file=err)
     return app.return_code or 0

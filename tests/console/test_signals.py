@@ -9,6 +9,7 @@ import os
 import signal
 import sqlite3
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -44,3 +45,21 @@ def test_a_stop_signal_stops_the_console_and_its_dispatcher_cleanly(
     assert said.decode() in plain(screen)
     assert "start-up" not in plain(screen)
     assert set(_heartbeats(db).values()) == {"stopped"}  # not left alive, to go stale
+
+
+def test_a_console_left_on_a_dead_terminal_still_obeys_sigterm(tmp_path: Path) -> None:
+    """A terminal that closes without a hangup signal reaching the console (``make demo``:
+    make gets it and does not pass it on). Textual then blocks on writes to the dead
+    terminal, where a stop request through the event loop would never run; the console
+    must still end within its lease."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_")}
+    env["OUTBOX_DISPATCHER__LEASE_SECONDS"] = "6"
+    argv = [sys.executable, "-m", "outbox_tui", "--demo"]
+    with terminal(argv, cwd=tmp_path, env=env) as (proc, fd):
+        screen = read_until(fd, lambda out: b"1 alive of 1" in out, 90.0)
+        assert b"1 alive of 1" in screen, plain(screen)
+        os.close(fd)  # the terminal goes away (not its controlling one: no SIGHUP)
+        time.sleep(3)  # long enough for its writes to the dead terminal to pile up
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(6 + 20)  # the lease, and room for a loaded machine
