@@ -41,8 +41,7 @@ def terminal(
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
-        with contextlib.suppress(OSError):  # a test may have hung the terminal up itself
-            os.close(controller)
+        os.close(controller)
 
 
 def read_until(fd: int, done: Callable[[bytes], bool], seconds: float) -> bytes:
