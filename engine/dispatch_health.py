@@ -214,6 +214,8 @@ def blocked_summary_sql(dialect: str) -> str:
     One probe of ix_outbox_events_key_order per dead-lettered head, over the rows after
     it (in the inner query, unqualified names are its own table's, w).
     """
+    # The index's own predicate, as it is spelled (SQLite uses a partial index only for a
+    # query that repeats it), then narrowed to what waits: pending or failed.
     waiting = status_is_one_of(PENDING, FAILED)
     held = f"""(SELECT count(*) FROM outbox_events AS w
     WHERE w.ordering_key = heads.ordering_key AND w.seq > heads.seq
