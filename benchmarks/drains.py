@@ -187,28 +187,34 @@ def pgbench_binary() -> str | None:
 def floor_script(batch: int, *, order_by: str, unordered_only: bool) -> str:
     """engine.store's claim and completion, as pgbench runs them (one commit each).
 
-    The claim is ``claim_batch`` for PostgreSQL word for word (an abandoned row first,
-    else up to ``batch`` due rows, ``FOR UPDATE SKIP LOCKED``, the update finding them by
-    address, the columns it returns). The completion is ``mark_published``'s fence
-    (status, holder, lease) with the batch picked by holder instead of by its (id,
-    claim_version) list, which pgbench cannot carry from one statement to the next.
-    With ``seq`` ordering, each client keeps the claim's keyset floor as a dispatcher
-    does (``:seq_floor``, from ``-D seq_floor=0``): after a full batch, the next claim
-    starts after its last row; otherwise at 0.
+    The claim is ``claim_batch`` for PostgreSQL (an abandoned row first, else up to
+    ``batch`` due rows, ``FOR UPDATE SKIP LOCKED``, the update finding them by address,
+    the columns it returns). pgbench keeps one row of a result, so the claimed rows come
+    back as arrays: their ids and versions, which the completion takes as
+    ``mark_published`` does (word for word, with ``now()`` and this client's holder for
+    its parameters), and every returned column, as the dispatcher reads them (an empty
+    claim gives empty arrays: the nulls of array_agg over no rows failed pgbench). With
+    ``seq`` ordering, each client keeps the claim's keyset floor as a dispatcher does
+    (``:seq_floor``, from ``-D seq_floor=0``): after a full batch, the next claim starts
+    after its last row; otherwise at 0.
     """
     unordered = " AND ordering_key IS NULL" if unordered_only else ""
     keyset = order_by == "seq"
     floor = " AND seq >= :seq_floor" if keyset else ""
+    holder = "('floor-' || :client_id::text)"
     next_floor = (
-        f"""SELECT CASE WHEN count(*) >= {batch} THEN max(seq) + 1 ELSE 0 END AS seq_floor
-FROM outbox_events WHERE status = 'publishing' AND locked_by = 'floor-' || :client_id::text
-\\gset
-"""
+        f",\n  CASE WHEN count(*) >= {batch} THEN max(seq) + 1 ELSE 0 END AS seq_floor"
         if keyset
         else ""
     )
+    complete = (
+        store._PUBLISH_PG.element.text.replace(":now", "now()")
+        .replace(":dispatcher_id", holder)
+        .replace(":ids", ":claimed_ids")
+        .replace(":versions", ":claimed_versions")
+    )
     return f"""WITH abandoned AS (
-  SELECT ctid AS ref FROM outbox_events WHERE status = 'publishing' AND locked_until < now()
+  SELECT ctid AS ref FROM outbox_events WHERE locked_until IS NOT NULL AND locked_until < now()
   ORDER BY locked_until LIMIT 1 FOR UPDATE SKIP LOCKED
 ), waiting AS (
   SELECT ctid AS ref FROM outbox_events
@@ -218,16 +224,19 @@ FROM outbox_events WHERE status = 'publishing' AND locked_by = 'floor-' || :clie
     AND (locked_until IS NULL OR locked_until < now()){floor}
     AND NOT EXISTS (SELECT id FROM abandoned)
   ORDER BY {order_by} LIMIT {batch} FOR UPDATE SKIP LOCKED
+), claimed AS (
+  UPDATE outbox_events SET status = 'publishing', claim_version = claim_version + 1,
+    attempt_count = attempt_count + 1, locked_by = {holder},
+    locked_until = now() + interval '30 seconds'
+  WHERE ctid = ANY(ARRAY(SELECT ref FROM abandoned UNION ALL SELECT ref FROM waiting))
+  RETURNING {", ".join(store.CLAIM_RETURNS)}, payload
 )
-UPDATE outbox_events SET status = 'publishing', claim_version = claim_version + 1,
-  attempt_count = attempt_count + 1, locked_by = 'floor-' || :client_id::text,
-  locked_until = now() + interval '30 seconds'
-WHERE ctid = ANY(ARRAY(SELECT ref FROM abandoned UNION ALL SELECT ref FROM waiting))
-RETURNING {", ".join(store.CLAIM_RETURNS)}, payload;
-{next_floor}UPDATE outbox_events SET status = 'published', published_at = now(), last_error = NULL,
-  next_retry_at = NULL, locked_by = NULL, locked_until = NULL
-WHERE status = 'publishing' AND locked_by = 'floor-' || :client_id::text AND locked_until > now()
-RETURNING id;
+SELECT coalesce(array_agg(id), '{{}}') AS claimed_ids,
+  coalesce(array_agg(claim_version), '{{}}') AS claimed_versions,
+  coalesce(array_agg(claimed), '{{}}') AS claimed_rows{next_floor}
+FROM claimed
+\\gset
+{complete};
 """
 
 

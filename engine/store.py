@@ -37,6 +37,7 @@ from sqlalchemy import (
     column,
     select,
     text,
+    true,
     tuple_,
     update,
 )
@@ -791,11 +792,19 @@ class Fence:
     now: datetime
 
 
+# A fenced update finds its rows by id (the primary key), and tests the status and the
+# lease as a filter on each row found, never as an index range: "IS TRUE" hides them from
+# the planner's index matching. Spelled plainly, PostgreSQL's statistics (taken when few
+# rows were in flight) make ``status = 'publishing'`` and ``locked_until > now`` look like
+# a row or two, so it walks ix_outbox_events_status_id's publishing range, or
+# ix_outbox_events_lease_expiry, instead of probing the ids. Those ranges also hold the
+# entries of every row claimed since the last vacuum: a completion of 500 rows read
+# 9,000 buffers at the start of a 1,000,000-event drain and 17,000 forty seconds on, and
+# the drain slowed by a third as it went (docs/dispatcher.md, "The completion").
 def _held(fence: Fence) -> Any:
     return and_(
-        t.c.status == PUBLISHING,
         t.c.locked_by == fence.dispatcher_id,
-        t.c.locked_until > fence.now,
+        and_(t.c.status == PUBLISHING, t.c.locked_until > fence.now).is_(true()),
     )
 
 
@@ -811,8 +820,8 @@ _PUBLISH_PG = (
     status = '{PUBLISHED}', published_at = :now, last_error = NULL, next_retry_at = NULL,
     locked_by = NULL, locked_until = NULL
 FROM unnest(CAST(:ids AS varchar[]), CAST(:versions AS integer[])) AS c(id, claim_version)
-WHERE e.id = c.id AND e.claim_version = c.claim_version
-    AND e.status = '{PUBLISHING}' AND e.locked_by = :dispatcher_id AND e.locked_until > :now
+WHERE e.id = c.id AND e.claim_version = c.claim_version AND e.locked_by = :dispatcher_id
+    AND (e.status = '{PUBLISHING}' AND e.locked_until > :now) IS TRUE
 RETURNING e.id"""
     )
     .bindparams(

@@ -510,3 +510,56 @@ async def test_the_completion_finds_each_claimed_row_through_an_index(db, clock)
     _assert_no_table_scan(plan)
     if db.dialect.name == "sqlite":
         assert "USING INDEX ix_outbox_events_status_id (status=? AND id=?)" in plan, plan
+
+
+async def test_fenced_updates_probe_ids_whatever_the_statistics_say_of_rows_in_flight(
+    pg_url, clock
+):
+    """Statistics taken while nothing was in flight (a preload, a quiet hour) say that
+    almost no row is ``publishing`` or leased. A fenced update that let the planner
+    serve its status or lease test from an index walked that index's range, which also
+    holds an entry for every row claimed since the last vacuum (a 1,000,000-event drain
+    slowed by a third); the ids are what a fenced update must probe."""
+    engine = create_engine(pg_url)
+    await create_schema(engine)
+    now = clock()
+    try:
+        async with engine.begin() as conn:
+            await conn.exec_driver_sql(
+                "INSERT INTO outbox_events (id, tenant_id, event_type, event_version, "
+                "aggregate_type, aggregate_id, payload) "
+                "SELECT 'e' || i, 't', 'x', 1, 'o', 'a' || i, '{}' "
+                "FROM generate_series(1, 20000) AS i"
+            )
+            await conn.exec_driver_sql("ANALYZE outbox_events")
+            await conn.execute(
+                text(
+                    "UPDATE outbox_events SET status = 'publishing', locked_by = 'd', "
+                    "locked_until = :until, claim_version = 1 WHERE id IN ('e-1', 'e-2')"
+                ).bindparams(bindparam("until", type_=UtcDateTime())),
+                {"until": now + timedelta(seconds=30)},
+            )
+        fence = store.Fence("d", now)
+        one = (
+            t.update()
+            .where(t.c.id == "e-1", t.c.claim_version == 1, store._held(fence))
+            .values(status="failed")
+        )
+        batch = store._PUBLISH_PG.element.text
+        params = {"now": now, "dispatcher_id": "d", "ids": ["e-1", "e-2"], "versions": [1, 1]}
+        typed = [bindparam("now", type_=UtcDateTime()), bindparam("ids", type_=ARRAY(Text))]
+        async with engine.connect() as conn:
+            for mode in ("force_custom_plan", "force_generic_plan"):
+                await conn.exec_driver_sql(f"SET plan_cache_mode = {mode}")
+                explain = text("EXPLAIN " + batch).bindparams(*typed)
+                plans = {
+                    "batch": (await conn.execute(explain, params)).scalars().all(),
+                    "one": (await conn.exec_driver_sql("EXPLAIN " + _sql(engine, one))).all(),
+                }
+                for name, rows in plans.items():
+                    plan = "\n".join(str(r if isinstance(r, str) else r[0]) for r in rows)
+                    assert "outbox_events_pkey" in plan, (mode, name, plan)
+                    assert "ix_outbox_events_status_id" not in plan, (mode, name, plan)
+                    assert "ix_outbox_events_lease_expiry" not in plan, (mode, name, plan)
+    finally:
+        await engine.dispose()
