@@ -792,20 +792,21 @@ class Fence:
     now: datetime
 
 
-# A fenced update finds its rows by id (the primary key), and tests the status and the
-# lease as a filter on each row found, never as an index range: "IS TRUE" hides them from
-# the planner's index matching. Spelled plainly, PostgreSQL's statistics (taken when few
-# rows were in flight) make ``status = 'publishing'`` and ``locked_until > now`` look like
-# a row or two, so it walks ix_outbox_events_status_id's publishing range, or
-# ix_outbox_events_lease_expiry, instead of probing the ids. Those ranges also hold the
-# entries of every row claimed since the last vacuum: a completion of 500 rows read
-# 9,000 buffers at the start of a 1,000,000-event drain and 17,000 forty seconds on, and
-# the drain slowed by a third as it went (docs/dispatcher.md, "The completion").
+# A fenced update finds its rows by id (the primary key) and tests holder, status and
+# lease as one opaque filter on each row found: "IS TRUE" keeps them out of the planner's
+# index matching and out of its row estimates. Spelled plainly, statistics taken while
+# few rows were in flight (a preload, a quiet hour) say that ``locked_by = :me``,
+# ``status = 'publishing'`` and ``locked_until > now`` each match a row or two, and the
+# planner trusted that: it walked ix_outbox_events_status_id's publishing range or
+# ix_outbox_events_lease_expiry, whose ranges also hold an entry for every row claimed
+# since the last vacuum (a 1,000,000-event drain slowed by a third as it went), or it
+# scanned the table for the holder (docs/dispatcher.md, "A fenced update probes ids").
 def _held(fence: Fence) -> Any:
     return and_(
         t.c.locked_by == fence.dispatcher_id,
-        and_(t.c.status == PUBLISHING, t.c.locked_until > fence.now).is_(true()),
-    )
+        t.c.status == PUBLISHING,
+        t.c.locked_until > fence.now,
+    ).is_(true())
 
 
 _RELEASE_LOCK = {"locked_by": None, "locked_until": None}
@@ -813,16 +814,30 @@ _RELEASE_LOCK = {"locked_by": None, "locked_until": None}
 
 # PostgreSQL: the batch's claims travel as two arrays, so the statement text is the same
 # for every batch and compiles (and is prepared) once. An IN list of (id, claim_version)
-# pairs is compiled anew for every batch, which cost more than the update.
+# pairs is compiled anew for every batch, which cost more than the update. Each claim is
+# looked up on its own (a LATERAL subquery with a LIMIT is never merged into a join), so
+# the only way to it is the primary key: joined to the arrays, the planner was free to
+# hash them against a scan of the table. The update then fetches each row by the address
+# the lookup found, as the claim does. A row that another transaction changed after this
+# statement's snapshot is not at that address any more and is left out: its lease was
+# not this dispatcher's to complete.
 _PUBLISH_PG = (
     text(
-        f"""UPDATE outbox_events AS e SET
+        f"""UPDATE outbox_events SET
     status = '{PUBLISHED}', published_at = :now, last_error = NULL, next_retry_at = NULL,
     locked_by = NULL, locked_until = NULL
-FROM unnest(CAST(:ids AS varchar[]), CAST(:versions AS integer[])) AS c(id, claim_version)
-WHERE e.id = c.id AND e.claim_version = c.claim_version AND e.locked_by = :dispatcher_id
-    AND (e.status = '{PUBLISHING}' AND e.locked_until > :now) IS TRUE
-RETURNING e.id"""
+WHERE ctid = ANY(ARRAY(
+    SELECT held.ref
+    FROM unnest(CAST(:ids AS varchar[]), CAST(:versions AS integer[])) AS c(id, claim_version)
+    CROSS JOIN LATERAL (
+        SELECT e.ctid AS ref FROM outbox_events AS e
+        WHERE e.id = c.id AND e.claim_version = c.claim_version
+            AND (e.locked_by = :dispatcher_id AND e.status = '{PUBLISHING}'
+                AND e.locked_until > :now) IS TRUE
+        LIMIT 1
+    ) AS held
+))
+RETURNING id"""
     )
     .bindparams(
         bindparam("now", type_=UtcDateTime()),
