@@ -566,7 +566,7 @@ async def test_fenced_updates_probe_ids_whatever_the_statistics_say_of_rows_in_f
                     assert "ix_outbox_events_status_id" not in plan, (mode, name, plan)
                     assert "ix_outbox_events_lease_expiry" not in plan, (mode, name, plan)
         async with engine.begin() as conn:
-            done = await store.mark_published(conn, list(zip(ids, [1] * 300)), fence)
+            done = await store.mark_published(conn, [(i, 1) for i in ids], fence)
         assert done == set(ids)
     finally:
         await engine.dispose()
