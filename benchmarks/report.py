@@ -272,8 +272,9 @@ HOW_TO_READ = [
     "  machine's iowait, in cores). One core per process: a single-threaded worker at",
     "  0.85 cores or more.",
     "",
-    "Re-run: `make bench` (about 15 minutes; `--smoke` for a one-minute check, `--large`",
-    "adds the 1,000,000-event backlog and the console at 1,000,000 rows). Raw data:",
+    "Re-run: `make bench` (about 10 minutes; `--smoke` for a one-minute check, `--large`",
+    "adds the 1,000,000-event backlog, three alternations, and the console at 1,000,000",
+    "rows: about 20 minutes in all). Raw data:",
     "`benchmarks/results/latest.json`.",
 ]
 
