@@ -462,6 +462,18 @@ async def test_the_unordered_claim_indexes_leave_out_rows_in_flight(db):
 
 
 @pytest.mark.postgresql
+async def _pending_then_analyzed(conn, count: int) -> None:
+    """``count`` pending rows (ids ``e1``...), then ANALYZE: statistics that know of no
+    row in flight and none published, as after a preload or a quiet hour."""
+    await conn.exec_driver_sql(
+        "INSERT INTO outbox_events (id, tenant_id, event_type, event_version, "
+        "aggregate_type, aggregate_id, payload) "
+        "SELECT 'e' || i, 't', 'x', 1, 'o', 'a' || i, '{}' "
+        f"FROM generate_series(1, {count}) AS i"
+    )
+    await conn.exec_driver_sql("ANALYZE outbox_events")
+
+
 async def test_the_retention_purge_reads_the_published_at_index_with_statistics_from_before_a_drain(
     pg_url, clock
 ):
@@ -475,13 +487,7 @@ async def test_the_retention_purge_reads_the_published_at_index_with_statistics_
     await create_schema(engine)
     try:
         async with engine.begin() as conn:
-            await conn.exec_driver_sql(
-                "INSERT INTO outbox_events (id, tenant_id, event_type, event_version, "
-                "aggregate_type, aggregate_id, payload) "
-                "SELECT 'e' || i, 't', 'x', 1, 'o', 'a' || i, '{}' "
-                "FROM generate_series(1, 20000) AS i"
-            )
-            await conn.exec_driver_sql("ANALYZE outbox_events")
+            await _pending_then_analyzed(conn, 20000)
             await conn.exec_driver_sql(
                 "UPDATE outbox_events SET status = 'published', published_at = now()"
             )
@@ -526,13 +532,7 @@ async def test_fenced_updates_probe_ids_whatever_the_statistics_say_of_rows_in_f
     now = clock()
     try:
         async with engine.begin() as conn:
-            await conn.exec_driver_sql(
-                "INSERT INTO outbox_events (id, tenant_id, event_type, event_version, "
-                "aggregate_type, aggregate_id, payload) "
-                "SELECT 'e' || i, 't', 'x', 1, 'o', 'a' || i, '{}' "
-                "FROM generate_series(1, 20000) AS i"
-            )
-            await conn.exec_driver_sql("ANALYZE outbox_events")
+            await _pending_then_analyzed(conn, 20000)
             await conn.execute(
                 text(
                     "UPDATE outbox_events SET status = 'publishing', locked_by = 'd', "
