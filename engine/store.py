@@ -817,10 +817,14 @@ _RELEASE_LOCK = {"locked_by": None, "locked_until": None}
 # pairs is compiled anew for every batch, which cost more than the update. Each claim is
 # looked up on its own (a LATERAL subquery with a LIMIT is never merged into a join), so
 # the only way to it is the primary key: joined to the arrays, the planner was free to
-# hash them against a scan of the table. The update then fetches each row by the address
-# the lookup found, as the claim does. A row that another transaction changed after this
-# statement's snapshot is not at that address any more and is left out: its lease was
-# not this dispatcher's to complete.
+# hash them against a scan of the table. The lookup locks the row (FOR UPDATE), and the
+# update then fetches it by the address the lookup found, as the claim does. The lock is
+# what keeps the fence whole: a row that another transaction changed after this
+# statement's snapshot (a dispatcher that took it over once the lease ran out) is waited
+# for and tested again in its new version, and left out when the fence no longer holds.
+# Without it, the update would meet the new version at the old address and rely on
+# PostgreSQL testing that address again (TidRecheck), which some releases did not do
+# (tests/engine/test_fencing.py: the takeover that commits while the completion waits).
 _PUBLISH_PG = (
     text(
         f"""UPDATE outbox_events SET
@@ -834,7 +838,7 @@ WHERE ctid = ANY(ARRAY(
         WHERE e.id = c.id AND e.claim_version = c.claim_version
             AND (e.locked_by = :dispatcher_id AND e.status = '{PUBLISHING}'
                 AND e.locked_until > :now) IS TRUE
-        LIMIT 1
+        LIMIT 1 FOR UPDATE
     ) AS held
 ))
 RETURNING id"""

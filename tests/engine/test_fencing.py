@@ -1,0 +1,64 @@
+"""Fencing under a race: a claim taken over while its completion runs is not completed."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from sqlalchemy import bindparam, text
+
+from engine import create_engine, create_schema, store
+from engine.schema import UtcDateTime
+
+
+async def _status_of(engine, event_id: str) -> tuple:
+    async with engine.connect() as conn:
+        found = await conn.execute(
+            text("SELECT status, locked_by, claim_version FROM outbox_events WHERE id = :id"),
+            {"id": event_id},
+        )
+        return tuple(found.one())
+
+
+async def test_a_takeover_that_commits_while_the_completion_waits_is_not_completed(pg_url, clock):
+    """Dispatcher ``d`` completes its claim (version 1) while another dispatcher, whose
+    clock says the lease ran out, takes the row over (version 2) and has not committed
+    yet. The completion waits for that row; once the takeover commits, the completion
+    must leave the row to its new holder, not publish it on ``d``'s stale claim."""
+    engine = create_engine(pg_url)
+    await create_schema(engine)
+    now = clock()
+    until = bindparam("until", type_=UtcDateTime())
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(
+                text(
+                    "INSERT INTO outbox_events (id, tenant_id, event_type, event_version, "
+                    "aggregate_type, aggregate_id, payload, status, locked_by, locked_until, "
+                    "claim_version, attempt_count) VALUES ('e1', 't', 'x', 1, 'o', 'a', '{}', "
+                    "'publishing', 'd', :until, 1, 1)"
+                ).bindparams(until),
+                {"until": now + timedelta(seconds=30)},
+            )
+        async with engine.connect() as other:
+            takeover = await other.begin()
+            await other.execute(
+                text(
+                    "UPDATE outbox_events SET locked_by = 'other', locked_until = :until, "
+                    "claim_version = claim_version + 1 WHERE id = 'e1'"
+                ).bindparams(until),
+                {"until": now + timedelta(seconds=60)},
+            )
+
+            async def complete() -> set[str]:
+                async with engine.begin() as conn:
+                    return await store.mark_published(conn, [("e1", 1)], store.Fence("d", now))
+
+            completion = asyncio.create_task(complete())
+            await asyncio.sleep(0.5)
+            assert not completion.done(), "the completion should wait for the takeover's lock"
+            await takeover.commit()
+            assert await asyncio.wait_for(completion, 10) == set()
+        assert await _status_of(engine, "e1") == ("publishing", "other", 2)
+    finally:
+        await engine.dispose()
