@@ -20,6 +20,16 @@ async def _status_of(engine, event_id: str) -> tuple:
         return tuple(found.one())
 
 
+async def _until_someone_waits_for_a_lock(conn, limit: float = 10.0) -> None:
+    """Until another session waits for a row lock (the completion, on the takeover's)."""
+    waiting = text("SELECT count(*) FROM pg_locks WHERE NOT granted")
+    for _ in range(int(limit / 0.05)):
+        if (await conn.execute(waiting)).scalar_one():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the completion never waited for the takeover's row lock")
+
+
 async def test_a_takeover_that_commits_while_the_completion_waits_is_not_completed(pg_url, clock):
     """Dispatcher ``d`` completes its claim (version 1) while another dispatcher, whose
     clock says the lease ran out, takes the row over (version 2) and has not committed
@@ -55,7 +65,7 @@ async def test_a_takeover_that_commits_while_the_completion_waits_is_not_complet
                     return await store.mark_published(conn, [("e1", 1)], store.Fence("d", now))
 
             completion = asyncio.create_task(complete())
-            await asyncio.sleep(0.5)
+            await _until_someone_waits_for_a_lock(other)
             assert not completion.done(), "the completion should wait for the takeover's lock"
             await takeover.commit()
             assert await asyncio.wait_for(completion, 10) == set()
