@@ -11,6 +11,11 @@ With ``effect`` in the payload, the handler first makes one external call guarde
 suite compares those lines with the side-effect records to count repeated calls), then a
 ``recorded`` line once the helper returns, its record committed (the gap between the two is
 the window in which a kill makes the call happen again).
+
+With ``ORDERED_APP_MEET=N``, each process holds its first handler call until N processes
+have one in hand (a ``meet.<pid>`` file beside the log each, at most ``MEET_SECONDS``), so
+the work is shared however the claims fall: one SQLite writer can otherwise take every
+batch while the other sleeps in SQLite's busy handler.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from pathlib import Path
 
 from engine import (
     EventEnvelope,
@@ -29,6 +35,8 @@ from engine import (
 BLOCKING = "ordered.blocking"  # ordered by aggregate; a dead letter blocks its key
 SKIPPING = "ordered.skipping"  # ordered by aggregate; a dead letter releases its key
 UNORDERED = "ordered.free"
+MEET_SECONDS = 5.0  # well within the handler timeout (10 s by default)
+_met = False
 
 
 def _log(kind: str, envelope: EventEnvelope) -> None:
@@ -40,9 +48,25 @@ def _log(kind: str, envelope: EventEnvelope) -> None:
         os.close(fd)
 
 
+async def _meet() -> None:
+    """Hold this process's first handler call until ``ORDERED_APP_MEET`` processes have one."""
+    global _met
+    if _met or "ORDERED_APP_MEET" not in os.environ:
+        return
+    _met = True
+    here = Path(os.environ["ORDERED_APP_LOG"]).parent
+    (here / f"meet.{os.getpid()}").touch()
+    deadline = time.monotonic() + MEET_SECONDS
+    while len(list(here.glob("meet.*"))) < int(os.environ["ORDERED_APP_MEET"]):
+        if time.monotonic() > deadline:
+            return  # the test's own check says which process never got an event
+        await asyncio.sleep(0.01)
+
+
 async def handle(envelope: EventEnvelope) -> None:
     _log("start", envelope)
     try:
+        await _meet()
         await asyncio.sleep(envelope.payload["sleep_ms"] / 1000)
         if envelope.payload.get("effect"):
 
