@@ -71,8 +71,12 @@ class Relay:
         self.batches.append(ids)
         give_up = asyncio.get_running_loop().time() + 8  # the claim ahead runs beside this call
         while True:
-            others = [i for i in held(await rows(self.db)) if i not in ids]
-            if others or not self.wait_for_next or asyncio.get_running_loop().time() > give_up:
+            stored = await rows(self.db)
+            others = [i for i in held(stored) if i not in ids]
+            nothing_to_claim = all(r["status"] != "pending" for r in stored)
+            if others or nothing_to_claim or not self.wait_for_next:
+                break
+            if asyncio.get_running_loop().time() > give_up:
                 break
             await asyncio.sleep(0.01)
         self.claimed_while_out.append(others)
