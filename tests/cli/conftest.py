@@ -28,6 +28,7 @@ from engine.schema import outbox_events
 from outbox_tui.apps import load_registry
 from outbox_tui.examples.orders import create_tables
 from outbox_tui.examples.orders.traffic import generate_orders
+from tests.cli.prestarted import PrestartedCli
 
 APP = "outbox_tui.examples.orders"
 # For behaviour of the CLI itself rather than of a backend: one backend is enough.
@@ -144,8 +145,15 @@ async def sigterm_handled(proc: subprocess.Popen[str], within: float = 30) -> No
         await asyncio.sleep(0.005)
 
 
+# A command runs in a child forked from a process that imported the CLI once
+# (tests/cli/prestarted.py); OUTBOX_TEST_CLI_FRESH=1: in a fresh interpreter each.
+FRESH_INTERPRETERS = os.environ.get("OUTBOX_TEST_CLI_FRESH") == "1"
+_PRESTARTED = PrestartedCli()
+
+
 class Cli:
-    """Runs the CLI in ``cwd`` with a clean environment."""
+    """Runs the CLI in ``cwd`` with a clean environment: ``cli(...)`` to completion (in a
+    prestarted child), ``popen`` as a real process."""
 
     def __init__(self, cwd: Path) -> None:
         self.cwd = cwd
@@ -156,6 +164,8 @@ class Cli:
     def __call__(
         self, *args: str, env: dict[str, str] | None = None, timeout: float = 60
     ) -> Result:
+        if not FRESH_INTERPRETERS:
+            return Result(*_PRESTARTED.run(list(args), self.cwd, cli_env(**(env or {})), timeout))
         done = subprocess.run(
             self.command(*args),
             cwd=self.cwd,
