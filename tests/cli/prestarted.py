@@ -57,14 +57,14 @@ class PrestartedCli:
                 request = json.dumps({"argv": argv, "cwd": str(cwd), "env": env}).encode()
                 socket.send_fds(sock, [request], [stdin.fileno(), out.fileno(), err.fileno()])
                 sock.settimeout(30)
-                pid = int(sock.recv(64))
+                pid = _answer(sock)
                 sock.settimeout(timeout)
                 try:
-                    code = int(sock.recv(64))
+                    code = _answer(sock)
                 except TimeoutError:
                     os.kill(pid, signal.SIGKILL)
                     sock.settimeout(30)
-                    sock.recv(64)  # the server reaped it
+                    _answer(sock)  # the server reaped it
                     raise subprocess.TimeoutExpired(["outbox_tui", *argv], timeout) from None
                 out.seek(0)
                 err.seek(0)
@@ -99,6 +99,13 @@ class PrestartedCli:
         if self._server is not None:
             self._server.wait(timeout=10)
             self._server = None
+
+
+def _answer(sock: socket.socket) -> int:
+    message = sock.recv(64)
+    if not message:
+        raise RuntimeError("the prestarted CLI server exited (see its stderr above)")
+    return int(message)
 
 
 # -- the server process ------------------------------------------------------------------
