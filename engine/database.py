@@ -30,6 +30,7 @@ from sqlalchemy.exc import (
 )
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
+from engine.aiosqlite_connect import connect_aiosqlite
 from engine.errors import (
     DatabaseUnavailableError,
     DatabaseUrlError,
@@ -184,6 +185,7 @@ def create_engine(url: str | URL, **kwargs: Any) -> AsyncEngine:
     if parsed.drivername.startswith("sqlite"):
         connect_args = dict(kwargs.pop("connect_args", {}))
         connect_args.setdefault("timeout", SQLITE_BUSY_TIMEOUT_SECONDS)
+        connect_args.setdefault("async_creator_fn", connect_aiosqlite)
         try:
             engine = create_async_engine(parsed, connect_args=connect_args, **kwargs)
         except NoSuchModuleError as exc:  # pragma: no cover - driver missing from install
