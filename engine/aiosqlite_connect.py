@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 import aiosqlite
@@ -21,7 +22,13 @@ async def connect_aiosqlite(*args: Any, **kwargs: Any) -> Any:
     prints the thread's "Event loop is closed" traceback at exit (omnilib/aiosqlite#241).
     """
     connection = aiosqlite.connect(*args, **kwargs)
-    worker = getattr(connection, "_thread", None)  # aiosqlite >= 0.22; SQLAlchemy reads it too
+    # Before aiosqlite 0.22 the connection was the thread; since, it holds one (SQLAlchemy's
+    # own connector reads both the same way).
+    worker = (
+        connection
+        if isinstance(connection, threading.Thread)
+        else getattr(connection, "_thread", None)
+    )
     if worker is not None:
         worker.daemon = True  # as SQLAlchemy sets it: a leaked connection never holds exit
     try:
