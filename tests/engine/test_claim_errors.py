@@ -35,6 +35,7 @@ async def test_a_missing_table_is_a_dbapi_error_the_run_loop_handles(db, clock):
         assert "outbox_events" in str(caught.value.orig)
 
 
+@pytest.mark.postgresql
 async def test_a_cancelled_claim_raises_what_execute_raises(pg_url, clock):
     """statement_timeout cancels statements that wait for a lock: the claim's error is the
     one SQLAlchemy's ``execute`` raises for the same cancellation, a storage error."""

@@ -87,6 +87,7 @@ async def sqlite_db(sqlite_url):
     await engine.dispose()
 
 
+@pytest.mark.postgresql
 async def test_the_next_batch_is_claimed_while_handlers_run_and_used_by_the_next_round(
     pg_db, registry, clock
 ):
@@ -106,6 +107,7 @@ async def test_the_next_batch_is_claimed_while_handlers_run_and_used_by_the_next
     assert {r["attempt_count"] for r in stored} == {1}  # one claim each, none wasted
 
 
+@pytest.mark.postgresql
 async def test_after_a_failure_the_batch_claimed_ahead_goes_back_without_spending_an_attempt(
     pg_db, registry, clock
 ):
@@ -120,6 +122,7 @@ async def test_after_a_failure_the_batch_claimed_ahead_goes_back_without_spendin
     await assert_handed_back_unattempted(db, ids[2:4])  # a wait may follow: none stays held
 
 
+@pytest.mark.postgresql
 async def test_a_pause_made_after_the_claim_ahead_holds_its_rows_back(pg_db, registry, clock):
     db = pg_db
     ids = await publish(db, registry, 4)
@@ -131,6 +134,7 @@ async def test_a_pause_made_after_the_claim_ahead_holds_its_rows_back(pg_db, reg
     await assert_handed_back_unattempted(db, ids[2:])
 
 
+@pytest.mark.postgresql
 async def test_rows_claimed_ahead_whose_lease_ran_out_count_as_lost_leases(pg_db, registry, clock):
     db = pg_db
     ids = await publish(db, registry, 4)
@@ -147,6 +151,7 @@ async def test_rows_claimed_ahead_whose_lease_ran_out_count_as_lost_leases(pg_db
     assert {r["status"] for r in await rows(db)} == {"published"}
 
 
+@pytest.mark.postgresql
 async def test_a_stop_hands_the_batch_claimed_ahead_back(pg_db, registry, clock):
     db = pg_db
     ids = await publish(db, registry, 4)
@@ -154,6 +159,7 @@ async def test_a_stop_hands_the_batch_claimed_ahead_back(pg_db, registry, clock)
     await assert_a_stop_hands_back_what_was_claimed_ahead(db, dispatcher, ids)
 
 
+@pytest.mark.postgresql
 async def test_the_run_loop_hands_back_what_it_claimed_ahead_when_it_ends(pg_db, registry, clock):
     db = pg_db
     ids = await publish(db, registry, 4)
@@ -161,6 +167,7 @@ async def test_the_run_loop_hands_back_what_it_claimed_ahead_when_it_ends(pg_db,
     await assert_the_run_loop_hands_back_what_it_claimed_ahead(db, dispatcher, ids)
 
 
+@pytest.mark.postgresql
 async def test_handlers_that_never_wait_claim_nothing_ahead(pg_db, registry, clock):
     db = pg_db
     ids = await publish(db, registry, 6)
@@ -235,6 +242,7 @@ async def test_one_event_per_key_in_flight_and_each_key_in_order(db, registry, c
         assert max(handler.held_beside) > 3
 
 
+@pytest.mark.postgresql
 async def test_a_batch_of_key_heads_only_claims_nothing_ahead(pg_db, registry, clock):
     db = pg_db
     ids = await publish(db, registry, 8, key=lambda i: f"k{i % 4}")

@@ -5,10 +5,13 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
+import pytest
 from sqlalchemy import bindparam, text
 
 from engine import create_engine, create_schema, store
 from engine.schema import UtcDateTime
+
+pytestmark = pytest.mark.postgresql
 
 
 async def _status_of(engine, event_id: str) -> tuple:

@@ -461,7 +461,6 @@ async def test_the_unordered_claim_indexes_leave_out_rows_in_flight(db):
         assert "publishing" not in definition, definition
 
 
-@pytest.mark.postgresql
 async def _pending_then_analyzed(conn, count: int) -> None:
     """``count`` pending rows (ids ``e1``...), then ANALYZE: statistics that know of no
     row in flight and none published, as after a preload or a quiet hour."""
@@ -474,6 +473,7 @@ async def _pending_then_analyzed(conn, count: int) -> None:
     await conn.exec_driver_sql("ANALYZE outbox_events")
 
 
+@pytest.mark.postgresql
 async def test_the_retention_purge_reads_the_published_at_index_with_statistics_from_before_a_drain(
     pg_url, clock
 ):
@@ -518,6 +518,7 @@ async def test_the_completion_finds_each_claimed_row_through_an_index(db, clock)
         assert "USING INDEX ix_outbox_events_status_id (status=? AND id=?)" in plan, plan
 
 
+@pytest.mark.postgresql
 async def test_fenced_updates_probe_ids_whatever_the_statistics_say_of_rows_in_flight(
     pg_url, clock
 ):
