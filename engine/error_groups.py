@@ -7,7 +7,7 @@ ids and numbers. ``orders.crm: HTTPError: 503 for order o-17`` and ``... 503 for
 order o-92`` are one group, labelled ``orders.crm: HTTPError: <num> for order o-<num>``.
 
 Nothing is stored: the groups are computed in Python from the failed and
-dead-lettered rows, read newest first through ``ix_outbox_events_status_id`` in
+dead-lettered rows, read newest first through ``ix_outbox_events_backlog_id`` in
 keyset pages. ``error_groups`` reads at most ``scan_limit`` rows (it answers a
 console that refreshes, and says when it stopped short); ``group_members``, which
 feeds a replay, reads them all. A stored fingerprint column would make both
@@ -198,7 +198,7 @@ async def _pages(
 ) -> AsyncIterator[Sequence[Any]]:
     """Rows of ``statuses``, newest first, one keyset page per short read transaction.
 
-    Each status is paged on its own (status, id) range of ix_outbox_events_status_id.
+    Each status is paged on its own (status, id) range of ix_outbox_events_backlog_id.
     """
     reader = read_only_engine(engine)
     left = limit

@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Select
+from sqlalchemy import ColumnElement, Select, and_, literal, or_, text
 
 from engine.dispatch_health import KEY_UNFINISHED
 from engine.errors import ConfigurationError
-from engine.schema import STATUSES, outbox_events
+from engine.schema import AT_REST_PREDICATE, LEASED_PREDICATE, PUBLISHING, STATUSES, outbox_events
 
 t = outbox_events
 
@@ -131,6 +131,30 @@ SUMMARY_COLUMNS = (
 )
 
 
+def status_clause(status: str) -> ColumnElement[bool]:
+    """Rows of one status, spelled so that PostgreSQL reads them through an index.
+
+    Rows in flight are the leased ones (a claim sets the lease, every completion or
+    release clears it: engine.schema), so "publishing" adds the lease index's predicate;
+    the status index holds the other statuses but ``published`` (engine.schema). The
+    status is written into the statement (one of ``STATUSES``, checked): PostgreSQL uses
+    a partial index only for a value it sees, never in a generic plan of a parameter.
+    """
+    if status not in STATUSES:
+        raise ConfigurationError(f"unknown status {status!r}: use one of {', '.join(STATUSES)}")
+    matches = t.c.status == literal(status, literal_execute=True)
+    return and_(matches, text(LEASED_PREDICATE)) if status == PUBLISHING else matches
+
+
+def aggregate_clause(aggregate_id: str) -> ColumnElement[bool]:
+    """Rows of one aggregate: those at rest through the aggregate index, those in flight
+    through the lease index (on PostgreSQL the aggregate index leaves them out)."""
+    return and_(
+        t.c.aggregate_id == aggregate_id,
+        or_(text(AT_REST_PREDICATE), text(LEASED_PREDICATE)),
+    )
+
+
 def filtered(stmt: Select[Any], flt: EventFilter) -> Select[Any]:
     if flt.statuses:
         unknown = set(flt.statuses) - set(STATUSES)
@@ -138,13 +162,14 @@ def filtered(stmt: Select[Any], flt: EventFilter) -> Select[Any]:
             raise ConfigurationError(
                 f"unknown status {sorted(unknown)[0]!r}: use one of {', '.join(STATUSES)}"
             )
-        stmt = stmt.where(t.c.status.in_(flt.statuses))
+        clauses = [status_clause(status) for status in flt.statuses]
+        stmt = stmt.where(clauses[0] if len(clauses) == 1 else or_(*clauses))
     if flt.event_type:
         stmt = stmt.where(t.c.event_type == flt.event_type)
     if flt.tenant_id:
         stmt = stmt.where(t.c.tenant_id == flt.tenant_id)
     if flt.aggregate_id:
-        stmt = stmt.where(t.c.aggregate_id == flt.aggregate_id)
+        stmt = stmt.where(aggregate_clause(flt.aggregate_id))
     if flt.ordering_key:
         stmt = stmt.where(t.c.ordering_key == flt.ordering_key, KEY_UNFINISHED)
     return stmt

@@ -54,6 +54,7 @@ from engine.event_views import (
     EventSummary,
     MatchSummary,
     filtered,
+    status_clause,
 )
 from engine.overview import OverviewSnapshot, oldest_due, oldest_due_statements
 from engine.published_counts import (
@@ -192,7 +193,7 @@ class OutboxInsights:
         for status in STATUSES:  # one indexed count each beats a GROUP BY scan
             if status != PUBLISHED:
                 counts[status] = await _scalar(
-                    conn, select(func.count()).select_from(t).where(t.c.status == status)
+                    conn, select(func.count()).select_from(t).where(status_clause(status))
                 )
         recent_since = now - timedelta(seconds=self.recent_window_seconds)
         published_recent = await count_published_from(conn, recent_since)

@@ -37,6 +37,14 @@ are rebuilt with their predicates spelled as comparisons instead of IN lists
 (``respelled_indexes``; see ``engine.schema.BACKLOG_PREDICATE``). New tables also spell
 the status CHECK so; SQLite cannot change the CHECK of an existing table, which keeps the
 list (the same rule).
+
+Version 0.6: ``ix_outbox_events_backlog_id`` and ``ix_outbox_events_aggregate_at_rest``
+replace ``ix_outbox_events_status_id`` and ``ix_outbox_events_aggregate_id``. On
+PostgreSQL they leave out the row versions a drain writes (published rows, rows in
+flight), so a claim and a completion write no entry into them (``engine.schema``); on
+SQLite they are the same full indexes under the new names. A database with the old ones
+is outdated (``missing_indexes``); the upgrade drops them and builds the new ones, with
+the same caution on a large PostgreSQL table as 0.4's.
 """
 
 from __future__ import annotations
@@ -59,13 +67,16 @@ ADDED_COLUMNS = (
 # Replaced by ix_outbox_events_unordered and ix_outbox_events_leased (now on locked_by),
 # then (0.4) the unordered ones by ix_outbox_events_waiting and _waiting_type, which hold
 # no row in flight, and _leased by ix_outbox_events_lease_expiry, whose predicate the
-# per-key in-flight probe does not imply.
+# per-key in-flight probe does not imply; (0.6) the full status and aggregate indexes by
+# ix_outbox_events_backlog_id and _aggregate_at_rest, partial on PostgreSQL.
 _RETIRED_INDEXES = (
     "ix_outbox_events_active",
     "ix_outbox_events_lease",
     "ix_outbox_events_unordered",
     "ix_outbox_events_unordered_type",
     "ix_outbox_events_leased",
+    "ix_outbox_events_status_id",
+    "ix_outbox_events_aggregate_id",
 )
 
 # Index -> the predicate text an earlier version gave it (engine.schema says why it changed).

@@ -65,7 +65,7 @@ class OverviewSnapshot:
 
 def oldest_due_statements(dialect: str) -> tuple[Select[Any], TextualSelect]:
     """The two probes of "oldest pending": the first never-replayed pending row by id
-    (ix_outbox_events_status_id), and the earliest replay among the replayed pending
+    (ix_outbox_events_backlog_id), and the earliest replay among the replayed pending
     rows (ix_outbox_events_replayed_pending, which holds only those).
 
     The first walks past replayed pending rows with a lower id: at most as many as the

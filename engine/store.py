@@ -797,7 +797,7 @@ class Fence:
 # index matching and out of its row estimates. Spelled plainly, statistics taken while
 # few rows were in flight (a preload, a quiet hour) say that ``locked_by = :me``,
 # ``status = 'publishing'`` and ``locked_until > now`` each match a row or two, and the
-# planner trusted that: it walked ix_outbox_events_status_id's publishing range or
+# planner trusted that: it walked the status index's publishing range (up to 0.5) or
 # ix_outbox_events_lease_expiry, whose ranges also hold an entry for every row claimed
 # since the last vacuum (a 1,000,000-event drain slowed by a third as it went), or it
 # scanned the table for the holder (docs/dispatcher.md, "A fenced update probes ids").
@@ -853,7 +853,7 @@ RETURNING id"""
 
 
 # SQLite, likewise: the claims travel as one JSON array of [id, claim_version] pairs
-# (json_each), and SQLite probes ix_outbox_events_status_id for each pair
+# (json_each), and SQLite probes its (status, id) index for each pair
 # (tests/engine/test_query_plans.py). Against the IN list of pairs it replaced, a no-op
 # drain of 100,000 events ran at 17.6k instead of 15.0k events/s, and its SQL floor at
 # 18.4k instead of 16.7k (in-process, alternating, 3 runs each).

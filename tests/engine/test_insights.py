@@ -77,6 +77,39 @@ async def test_event_pages_are_keyset_newest_first_and_filterable(db, registry, 
         await insights.events_page(EventFilter(statuses=("done",)))
 
 
+async def test_status_and_aggregate_filters_find_rows_in_flight_and_published_alike(
+    db, registry, clock
+):
+    """On PostgreSQL the status and aggregate indexes leave out what a drain writes
+    (engine.schema); the filters still find every row, whatever its state."""
+
+    @registry.handler("orders.placed", key="orders.fail")
+    async def fail(envelope):
+        if envelope.payload["order_id"] == "o-1":
+            raise EventHandlerPermanentError("nope")
+
+    ids = await publish(db, registry, count=3)  # aggregates o-0, o-1, o-2
+    await OutboxDispatcher(db, registry, clock=clock, batch_size=2).dispatch_once()
+    async with db.begin() as conn:  # o-2 in flight
+        claimed = await store.claim_batch(
+            conn, dispatcher_id="d1", batch_size=5, lease=timedelta(seconds=30), now=clock.now
+        )
+    assert [r.event_id for r in claimed.rows] == ids[2:]
+    insights = OutboxInsights(db, clock=clock)
+    expected = {"published": ids[0], "dead_letter": ids[1], "publishing": ids[2]}
+    for status, event_id in expected.items():
+        page = await insights.events_page(EventFilter(statuses=(status,)))
+        assert [e.id for e in page.events] == [event_id], status
+        assert (await insights.match_summary(EventFilter(statuses=(status,)))).total == 1
+    both = await insights.events_page(EventFilter(statuses=("publishing", "published")))
+    assert [e.id for e in both.events] == [ids[2], ids[0]]
+    for n, event_id in enumerate(ids):
+        page = await insights.events_page(EventFilter(aggregate_id=f"o-{n}"))
+        assert [e.id for e in page.events] == [event_id]
+    snap = await insights.overview()
+    assert [snap.counts[s] for s in ("pending", "publishing", "dead_letter")] == [0, 1, 1]
+
+
 async def test_event_detail_has_history_runs_and_payload(db, registry, clock):
     @registry.handler("orders.placed", key="orders.reject")
     async def reject(envelope):

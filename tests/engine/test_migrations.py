@@ -14,7 +14,7 @@ from engine.schema import outbox_events as t
 from tests.old_schema import OLD_STATUSES, create_old_schema
 
 from .conftest import rows
-from .test_query_plans import _plan
+from .test_query_plans import _plan, _plan_without, _sql
 
 OLD_ROW = (
     "INSERT INTO outbox_events (id, tenant_id, event_type, event_version, aggregate_type, "
@@ -162,6 +162,33 @@ async def test_a_database_with_the_unordered_indexes_of_0_3_is_refused_then_upgr
     assert await worker.dispatch_once() == DispatchResult(claimed=1, published=1)
 
 
+async def test_a_database_with_the_full_status_and_aggregate_indexes_of_0_5_is_upgraded(db):
+    """0.5's full (status, id) and (aggregate_id) indexes gained an entry on every claim
+    and completion; 0.6 replaces them and init-db says so, keeping the rows."""
+    async with db.begin() as conn:
+        for index in ("ix_outbox_events_backlog_id", "ix_outbox_events_aggregate_at_rest"):
+            await conn.execute(text(f"DROP INDEX {index}"))
+        await conn.execute(
+            text("CREATE INDEX ix_outbox_events_status_id ON outbox_events (status, id)")
+        )
+        await conn.execute(
+            text("CREATE INDEX ix_outbox_events_aggregate_id ON outbox_events (aggregate_id)")
+        )
+        await conn.execute(text(OLD_ROW), {"id": "e1"})
+    with pytest.raises(SchemaOutdatedError, match="outbox-tui init-db") as caught:
+        await check_schema(db)
+    assert "index ix_outbox_events_backlog_id" in str(caught.value)
+    assert sorted(await create_schema(db)) == [
+        "created index ix_outbox_events_aggregate_at_rest",
+        "created index ix_outbox_events_backlog_id",
+        "dropped index ix_outbox_events_aggregate_id",
+        "dropped index ix_outbox_events_status_id",
+    ]
+    await check_schema(db)
+    assert await create_schema(db) == []
+    assert [r["id"] for r in await rows(db)] == ["e1"]
+
+
 OLD_SPELLINGS = {  # 0.4's predicates, with IN lists
     "ix_outbox_events_type_backlog": (
         "(status, event_type, tenant_id) WHERE status IN ('pending', 'failed', 'dead_letter')"
@@ -195,7 +222,8 @@ async def test_indexes_spelled_with_in_lists_are_rebuilt_on_sqlite_and_kept_on_p
     await check_schema(db)
     assert await create_schema(db) == []
     backlog, _in_flight = insights.top_types_statements()
-    plan = await _plan(db, backlog)
+    # On PostgreSQL the status index has the same predicate: ask without it.
+    plan = await _plan_without(db, "ix_outbox_events_backlog_id", _sql(db, backlog))
     assert "ix_outbox_events_type_backlog" in plan, plan
     behind_head = select(func.count()).where(t.c.ordering_key == "k", t.c.seq > 1, KEY_UNFINISHED)
     plan = await _plan(db, behind_head.select_from(t))
