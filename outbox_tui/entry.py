@@ -12,8 +12,8 @@ from typing import Any
 from outbox_tui import PROG
 
 
-class _Terminated(BaseException):
-    """SIGTERM arrived before the command installed its own handlers."""
+class Terminated(BaseException):
+    """SIGTERM stopped the command (one without handlers of its own for it)."""
 
 
 _received = False
@@ -22,7 +22,24 @@ _received = False
 def _terminate(signum: int, frame: Any) -> None:
     global _received
     _received = True
-    raise _Terminated
+    raise Terminated
+
+
+def _record(signum: int, frame: Any) -> None:
+    global _received
+    _received = True
+
+
+def record_sigterm_only() -> Any:
+    """From now on SIGTERM is only recorded (``terminated_during_start_up``); returns the
+    handler it replaced.
+
+    For the time an event loop runs: an exception raised by a Python signal handler
+    inside the loop's own machinery is lost (printed, the run goes on) or leaves the loop
+    unable to close. The loop's handler acts on the signal instead
+    (``outbox_tui.cli.event_loop``), and asks this flag for one that came before it.
+    """
+    return signal.signal(signal.SIGTERM, _record)
 
 
 def terminated_during_start_up() -> bool:
@@ -34,7 +51,7 @@ def terminated_during_start_up() -> bool:
 
 def _unraisable(hook: Any) -> Any:
     def quiet(unraisable: Any) -> None:
-        if not isinstance(unraisable.exc_value, _Terminated):  # no traceback for a stop
+        if not isinstance(unraisable.exc_value, Terminated):  # no traceback for a stop
             hook(unraisable)
 
     return quiet
@@ -47,8 +64,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from outbox_tui.cli import main as cli_main
 
         return cli_main(argv)
-    except _Terminated:
-        sys.stderr.write(f"{PROG}: SIGTERM received during start-up: stopped\n")
+    except Terminated:
+        sys.stderr.write(f"{PROG}: SIGTERM received: stopped\n")
         return 0
     finally:
         signal.signal(signal.SIGTERM, previous)

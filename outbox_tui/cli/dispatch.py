@@ -25,6 +25,7 @@ from engine.runner import RunSummary
 from engine.settings import DispatcherSettings
 from outbox_tui import PROG, output
 from outbox_tui.cli.errors import EXIT_OK
+from outbox_tui.cli.event_loop import STOP_REQUESTED
 from outbox_tui.cli.options import (
     Invocation,
     add_broker,
@@ -38,7 +39,6 @@ from outbox_tui.entry import terminated_during_start_up
 from outbox_tui.output import RunReporter
 
 log = logging.getLogger("outbox_tui.cli")
-_STOP_DURING_STARTUP = "outbox-tui: stop during start-up"
 
 
 def register(sub: Any) -> None:
@@ -185,8 +185,8 @@ def _shutdown_on_signals(shutdown: asyncio.Event, starting: list[bool]) -> Itera
         if not shutdown.is_set():
             if starting[0]:
                 log.warning("%s received during start-up: stopping", signame)
-                if task is not None:
-                    task.cancel(msg=_STOP_DURING_STARTUP)
+                if task is not None and not task.cancelling():  # not cancelled by run_coroutine
+                    task.cancel(msg=STOP_REQUESTED)
             else:
                 log.warning("%s received: finishing the handlers in flight, then stopping", signame)
             shutdown.set()
@@ -229,7 +229,7 @@ async def dispatch(inv: Invocation) -> int:
             summary = await _dispatch(inv, spec, reporter, shutdown, starting)
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
-            if _STOP_DURING_STARTUP not in exc.args or task is None:
+            if STOP_REQUESTED not in exc.args or task is None:
                 raise
             task.uncancel()
             summary = RunSummary(shutdown_requested=True)

@@ -155,3 +155,36 @@ def test_a_sigterm_lost_inside_a_del_still_stops_the_start_up(cli: Cli, orders_u
     assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
     assert '"shutdown_requested": true' in done.stdout
     assert asyncio.run(status_counts(orders_url)) == before  # nothing claimed
+
+
+LOOP_STOPPED_BY_SIGTERM = """
+import asyncio, os, signal, threading
+from outbox_tui import entry
+from outbox_tui.cli.event_loop import run_coroutine
+
+signal.signal(signal.SIGTERM, entry._terminate)  # as outbox_tui.entry.main installs it
+
+async def command():
+    # The signal lands while the loop waits in its own machinery, not in this coroutine.
+    threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    await asyncio.sleep(30)
+
+try:
+    run_coroutine(command())
+    print("ran to the end")
+except entry.Terminated:
+    print("stopped")
+"""
+
+
+def test_sigterm_while_the_event_loop_waits_stops_the_command_and_closes_the_loop() -> None:
+    """Raised by the Python-level handler inside the loop's machinery, the stop was
+    printed and lost (the command ran on), or left the loop unable to close ("Cannot
+    close a running event loop", exit 1)."""
+    done = subprocess.run(
+        [sys.executable, "-c", LOOP_STOPPED_BY_SIGTERM],
+        capture_output=True,
+        text=True,
+        timeout=25,
+    )
+    assert (done.returncode, done.stdout.strip(), done.stderr) == (0, "stopped", "")
