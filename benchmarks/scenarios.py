@@ -134,6 +134,7 @@ async def drain(
         peer_label = (
             f"pgqueuer {peer_pgqueuer.version()} ×2, batch {ctx.batch_size}, {sizes.peer_loop}"
         )
+        result = ratio(runs["ours"], runs["pgqueuer"])
         out.append(
             record(
                 "a",
@@ -141,8 +142,9 @@ async def drain(
                 unit="events/s",
                 ours=side(label, runs["ours"]),
                 peer=side(peer_label, runs["pgqueuer"]),
-                target=None,
-                **ratio(runs["ours"], runs["pgqueuer"]),
+                target=">= 1.5",
+                met=met(result["ratio"], ">= 1.5"),
+                **result,
             )
         )
     if floor:
@@ -195,14 +197,16 @@ async def io_bound(ctx: Context, sizes: Sizes, *, peer: bool = True) -> dict[str
 
     runs = await alternate(sizes.repeats, [("ours", ours), ("pgqueuer", theirs)])
     peer_label = f"pgqueuer ×2, batch {ctx.batch_size}, max_concurrent_tasks {tasks or 'unlimited'}"
+    result = ratio(runs["ours"], runs["pgqueuer"])
     return record(
         "b",
         title,
         unit="events/s",
         ours=side(label, runs["ours"]),
         peer=side(peer_label, runs["pgqueuer"]),
-        target=None,
-        **ratio(runs["ours"], runs["pgqueuer"]),
+        target=">= 1.5",
+        met=met(result["ratio"], ">= 1.5"),
+        **result,
     )
 
 
