@@ -43,8 +43,8 @@ def run_coroutine(main: Coroutine[Any, Any, T]) -> T:
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
             return runner.run(_stopped_by_sigterm(main) if in_main_thread else main)
     finally:
-        if in_main_thread:
-            signal.signal(signal.SIGTERM, previous)
+        if in_main_thread:  # None: a handler not installed from Python, so the default
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 # The cancel message of a stop by signal; ``--dispatch`` cancels its start-up with it too.
