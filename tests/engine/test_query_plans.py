@@ -448,14 +448,19 @@ async def test_published_rows_are_counted_inside_the_published_at_index(db, cloc
         assert "ix_outbox_events_published_at" in plan, plan
 
 
-async def test_the_unordered_claim_indexes_leave_out_rows_in_flight(db):
-    """A claim makes its rows publishing; the indexes it walks must not gain entries then."""
+async def _index_definitions(db) -> dict[str, str]:
+    """Each index of the database by name: its CREATE INDEX statement."""
     if db.dialect.name == "postgresql":
         sql = "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'outbox_events'"
     else:
         sql = "SELECT name, sql FROM sqlite_master WHERE type = 'index'"
     async with db.connect() as conn:
-        found = dict((await conn.exec_driver_sql(sql)).all())
+        return dict((await conn.exec_driver_sql(sql)).all())
+
+
+async def test_the_unordered_claim_indexes_leave_out_rows_in_flight(db):
+    """A claim makes its rows publishing; the indexes it walks must not gain entries then."""
+    found = await _index_definitions(db)
     for name in ("ix_outbox_events_waiting", "ix_outbox_events_waiting_type"):
         definition = found[name]
         assert "pending" in definition and "failed" in definition, definition
@@ -465,12 +470,7 @@ async def test_the_unordered_claim_indexes_leave_out_rows_in_flight(db):
 async def test_status_and_aggregate_indexes_leave_out_what_a_drain_writes_on_postgresql(db):
     """Claims (publishing) and completions (published) write no entry into the status
     index, claims none into the aggregate index; SQLite keeps both full (engine.schema)."""
-    if db.dialect.name == "postgresql":
-        sql = "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'outbox_events'"
-    else:
-        sql = "SELECT name, sql FROM sqlite_master WHERE type = 'index'"
-    async with db.connect() as conn:
-        found = dict((await conn.exec_driver_sql(sql)).all())
+    found = await _index_definitions(db)
     status, aggregate = (
         found["ix_outbox_events_backlog_id"],
         found["ix_outbox_events_aggregate_at_rest"],
