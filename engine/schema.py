@@ -299,9 +299,10 @@ Index(
 # rows in flight through the lease index (engine.event_views.aggregate_clause). Full
 # indexes, as these were up to 0.5, cost a 100,000-event drain (2 dispatchers, no-op
 # handler) a quarter of its rate: 23-29k against 33-38k events/s in three alternating
-# pairs (docs/dispatcher.md). SQLite changes an index entry only when a column the index
-# names changes, so there both stay full: a claim never touches the aggregate's, and the
-# status one serves every status without the spelling SQLite's partial indexes need.
+# rounds (docs/dispatcher.md). SQLite changes an index entry only when a column the
+# index names changes, so there both stay full: a claim never touches the aggregate's,
+# and the status one serves every status without the spelling SQLite's partial indexes
+# need.
 Index(
     "ix_outbox_events_backlog_id",
     outbox_events.c.status,
