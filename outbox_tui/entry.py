@@ -19,15 +19,14 @@ class Terminated(BaseException):
 _received = False
 
 
-def _terminate(signum: int, frame: Any) -> None:
-    global _received
-    _received = True
-    raise Terminated
-
-
 def _record(signum: int, frame: Any) -> None:
     global _received
     _received = True
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    _record(signum, frame)
+    raise Terminated
 
 
 def record_sigterm_only() -> Any:
