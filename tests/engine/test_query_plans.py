@@ -476,7 +476,8 @@ async def test_status_and_aggregate_indexes_leave_out_what_a_drain_writes_on_pos
         found["ix_outbox_events_aggregate_at_rest"],
     )
     if db.dialect.name == "postgresql":
-        assert "publish" not in status.replace("ix_", ""), status
+        assert "WHERE" in status and "'pending'" in status, status  # partial, not full
+        assert "publish" not in status, status
         assert "<> 'publishing'" in aggregate, aggregate
     else:
         assert "WHERE" not in status and "WHERE" not in aggregate, (status, aggregate)
