@@ -56,6 +56,7 @@ SMOKE = Sizes(
     repeats=1,
     drain=400,
     io=200,
+    io_batches=(50, 100),
     ordered=400,
     hot_key=100,
     scale=400,

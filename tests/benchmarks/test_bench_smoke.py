@@ -52,6 +52,12 @@ def test_smoke_run_reports_every_comparison(pg_url: str, amqp_url: str, tmp_path
             assert by_id[sid]["status"] == "skipped"
             assert by_id[sid]["reason"] == "peer not installed (pgqueuer)"
         assert all(rate > 0 for rate in _rates(by_id[sid]["ours"]))
+    # b: every side ran at each batch size, the fastest chosen per repeat
+    b_sides = ("ours", "peer") if HAS_PGQUEUER else ("ours",)
+    for key in b_sides:
+        for run in by_id["b"][key]["runs"]:
+            assert sorted(t["batch_size"] for t in run["tried"]) == [50, 100], run
+            assert run["rate"] == max(t["rate"] for t in run["tried"])
     assert (by_id["f"]["status"], by_id["f"]["reason"]) == ("skipped", "not run: pass --large")
     if by_id["c"]["status"] == "skipped":
         assert by_id["c"]["reason"] == "no ordering_key column"
