@@ -184,7 +184,7 @@ def notes(records: list[dict[str, Any]]) -> list[str]:
                     " ms; rows filled in "
                     f"{side['small']['fill_seconds'] + side['large']['fill_seconds']:.0f} s."
                 )
-        if rec["status"] == "ok" and any("tried" in r for r in rec["ours"]["runs"]):
+        if rec["status"] == "ok" and any("tried" in r for r in rec.get("ours", {}).get("runs", [])):
             lines.append(f"- b: {_batch_choices(rec)}")
         if rec.get("hot_key"):
             hot = rec["hot_key"]
