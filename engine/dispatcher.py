@@ -1,6 +1,6 @@
 """Claim due events, deliver them concurrently, and record each outcome under the lease.
 
-Why one module (about 720 lines): a round's claim, concurrent delivery and fenced
+Why one module (about 1,250 lines): a round's claim, concurrent delivery and fenced
 writes share one batch's lease budget and in-flight state (and, for a relay, the
 batch claimed ahead); apart, the checks of when a handler may still start, or a
 batch claimed ahead may still be kept, would sit away from the writes they protect.
@@ -23,7 +23,11 @@ One round (``dispatch_once``):
 With ``prefetch`` (the run loop's), a round with a full batch claims the next one
 while its handlers run (PostgreSQL) or its relay's confirms are outstanding, and keeps
 it for the next round only if every event was published; otherwise, and on stop
-(``release_prefetched``), it goes back unattempted. See docs/dispatcher.md.
+(``release_prefetched``), it goes back unattempted. With ``overlap_rounds`` (the run
+loop's too), a round whose events have all started, clean so far, hands off once that
+batch is claimed: the next round starts beside its last calls, which finish behind it
+within the same ``max_concurrency``, so one slow handler holds a slot, not the
+dispatcher. See docs/dispatcher.md.
 """
 
 from __future__ import annotations
@@ -235,6 +239,7 @@ class OutboxDispatcher:
         observers: Sequence[DispatchObserver] = (),
         clock: Clock = utc_now,
         prefetch: bool = False,
+        overlap_rounds: bool = False,
     ) -> None:
         if not 1 <= batch_size <= MAX_BATCH_SIZE:
             raise ConfigurationError(
@@ -282,6 +287,20 @@ class OutboxDispatcher:
         self._ordered_first = True
         self._ranges: tuple[str, ...] | None = None  # the claim's plan (store.claim_batch)
         self._prefetched: _Batch | None = None
+        # With ``overlap_rounds`` (the run loop's), a round whose every event has started
+        # and whose next batch is claimed ahead returns; its last handlers finish behind
+        # the next round (``_finish_behind``), within the same ``max_concurrency``. Not
+        # with a dispatcher lock (one active dispatcher: a round behind would outlive
+        # the lock) nor for a relay (its publish is one call per batch).
+        self.overlap_rounds = (
+            overlap_rounds
+            and self.prefetch
+            and lock_provider is None
+            and external_publisher is None
+        )
+        # Rounds finishing behind: the task writing each one's last outcomes, and its workers.
+        self._behind: list[tuple[asyncio.Task[None], _Workers]] = []
+        self._behind_error: Exception | None = None
         # Counts no round has returned yet (see report_unreported).
         self._unreported = DispatchResult()
         # Claims whose completion write raised: it may have committed all the same.
@@ -382,6 +401,10 @@ class OutboxDispatcher:
         return store.ClaimScope(frozenset(self.served_types) - paused.event_types, paused.pairs)
 
     async def _round(self, stop: asyncio.Event | None) -> DispatchResult:
+        await self._join_behind(wait=False)
+        if self._behind_error is not None:  # the round behind could not write its outcomes
+            error, self._behind_error = self._behind_error, None
+            raise error
         held, self._prefetched = self._prefetched, None
         if self.external_publisher is not None and not await self._publisher_ready():
             await self._release(held)
@@ -394,18 +417,56 @@ class OutboxDispatcher:
             held = await self._without_paused(held)
         batch = held if held is not None else await self._claim()
         if not batch.rows:
+            await self._join_behind(wait=False)
             return DispatchResult()
         completions = _Completions(self, len(batch.rows))
         completions.add_all(batch.undeliverable)
         stopping = stop is not None and stop.is_set()
         try:
-            await self._deliver_and_record(batch, completions, stop, stopping)
+            handed_off = await self._deliver_and_record(batch, completions, stop, stopping)
         except BaseException:
             # Writes that succeeded before the error happened all the same: the next
             # report carries them (a storage error ends this round, not the count).
             self._unreported = self._unreported + completions.result
             raise
+        if handed_off:  # what it writes from now on is reported by a later round
+            result, completions.result = completions.result, DispatchResult()
+            return result
+        await self._join_behind(wait=False)
         return completions.result
+
+    @property
+    def holds_claimed_batch(self) -> bool:
+        """Whether a batch claimed ahead waits for the next round (so do not idle)."""
+        return self._prefetched is not None
+
+    async def _join_behind(self, *, wait: bool) -> None:
+        """Collect the rounds finished behind (with ``wait``, every one, once it ends);
+        keep the first error for the next round to raise."""
+        for entry in list(self._behind):
+            task, _workers = entry
+            if not (wait or task.done()):
+                continue
+            self._behind.remove(entry)
+            try:
+                await task
+            except Exception as exc:
+                if self._behind_error is None:
+                    self._behind_error = exc
+
+    def _calls_behind(self) -> int:
+        """Handler calls in flight in the rounds finishing behind."""
+        return sum(workers.in_calls for _task, workers in self._behind)
+
+    async def _finish_behind(self, workers: _Workers, completions: _Completions) -> None:
+        """The last handlers of a round that handed off: await them, write their outcomes."""
+        try:
+            await workers.finish()
+        finally:
+            try:
+                await completions.close()
+            finally:
+                self._unreported = self._unreported + completions.result
 
     async def _deliver_and_record(
         self,
@@ -413,19 +474,42 @@ class OutboxDispatcher:
         completions: _Completions,
         stop: asyncio.Event | None,
         stopping: bool,
-    ) -> None:
+    ) -> bool:
         """Deliver (or relay) the batch while claiming the next one ahead, if worth it, and
-        write the outcomes; keep or hand back the batch claimed ahead."""
+        write the outcomes; keep or hand back the batch claimed ahead.
+
+        True: the round handed off (``overlap_rounds``): every event has started, the
+        batch claimed ahead is kept for the next round, and the handlers still running
+        finish behind it, their outcomes written as they end.
+        """
         deliverable = batch.deliverable()
         upcoming: asyncio.Task[_Batch] | None = None
         worth_it = self.prefetch and self._worth_claiming_ahead(batch)
+        progress = asyncio.Event()  # wakes the workers' wait to hand off
 
         def claim_ahead() -> None:
             nonlocal upcoming, worth_it
             if worth_it and not (stop is not None and stop.is_set()):  # not once stopping
                 upcoming = asyncio.create_task(self._claim())
+                upcoming.add_done_callback(lambda _task: progress.set())
             worth_it = False  # once a round
 
+        def may_hand_off(in_calls: int) -> bool:
+            """Every event started: may the next round start beside the calls in flight?"""
+            return (
+                self.overlap_rounds
+                and upcoming is not None
+                and upcoming.done()
+                and not upcoming.cancelled()
+                and upcoming.exception() is None
+                and bool(upcoming.result().rows)
+                and completions.setbacks == len(batch.undeliverable)  # clean so far
+                and not (stop is not None and stop.is_set())
+                # the next round's first call fits beside every call still in flight
+                and in_calls + self._calls_behind() < self.max_concurrency
+            )
+
+        handed_off = False
         try:
             if self.external_publisher is not None:
                 if stopping:
@@ -434,25 +518,51 @@ class OutboxDispatcher:
                     claim_ahead()  # while the confirms are outstanding
                     completions.add_all(await self._relay(deliverable, batch.envelopes))
             else:
-                await self._deliver(
-                    deliverable, batch.envelopes, batch.claimed_at, stop, completions, claim_ahead
+                behind = await self._deliver(
+                    deliverable,
+                    batch.envelopes,
+                    batch.claimed_at,
+                    stop,
+                    completions,
+                    claim_ahead,
+                    may_hand_off if self.overlap_rounds else None,
+                    progress,
                 )
+                if behind is not None:
+                    assert upcoming is not None  # may_hand_off saw it claimed
+                    self._prefetched = upcoming.result()
+                    finishing = asyncio.create_task(self._finish_behind(behind, completions))
+                    self._behind.append((finishing, behind))
+                    handed_off = True
         finally:
-            clean = completions.setbacks == len(batch.undeliverable)
-            closing = asyncio.ensure_future(completions.close())
+            if not handed_off:
+                await self._close_round(batch, completions, upcoming, stop)
+        return handed_off
+
+    async def _close_round(
+        self,
+        batch: _Batch,
+        completions: _Completions,
+        upcoming: asyncio.Task[_Batch] | None,
+        stop: asyncio.Event | None,
+    ) -> None:
+        """Write the round's last outcomes; keep the batch claimed ahead only after a clean
+        round (every event published) that is not stopping, else hand it back."""
+        clean = completions.setbacks == len(batch.undeliverable)
+        closing = asyncio.ensure_future(completions.close())
+        try:
+            if upcoming is not None and clean:
+                await self._prepare(upcoming)  # while this round's completion commits
+        finally:
+            written = False
             try:
-                if upcoming is not None and clean:
-                    await self._prepare(upcoming)  # while this round's completion commits
+                await closing
+                written = True
             finally:
-                written = False
-                try:
-                    await closing
-                    written = True
-                finally:
-                    if upcoming is not None:
-                        stopping = stop is not None and stop.is_set()
-                        keep = written and clean and not stopping
-                        await self._keep_or_release(upcoming, keep=keep)
+                if upcoming is not None:
+                    stopping = stop is not None and stop.is_set()
+                    keep = written and clean and not stopping
+                    await self._keep_or_release(upcoming, keep=keep)
 
     async def _claim(self) -> _Batch:
         """Claim a batch in one transaction and decode it (undeliverable rows set apart)."""
@@ -577,11 +687,19 @@ class OutboxDispatcher:
             )
 
     async def release_prefetched(self) -> None:
-        """Hand back the batch claimed ahead, if any, and count the completions still in
-        doubt (the run loop calls this on stop, then ``report_unreported``)."""
+        """Hand back the batch claimed ahead, if any, wait for the round finishing behind
+        (its handlers end, each within its timeout, and their outcomes are written), and
+        count the completions still in doubt (the run loop calls this on stop, then
+        ``report_unreported``). Raises the round behind's storage error, if any."""
         held, self._prefetched = self._prefetched, None
-        await self._release(held)
+        try:
+            await self._release(held)
+        finally:
+            await self._join_behind(wait=True)
         await self._settle_in_doubt()
+        if self._behind_error is not None:
+            error, self._behind_error = self._behind_error, None
+            raise error
 
     async def _release(self, batch: _Batch | None) -> None:
         """Hand a batch that was claimed but never started back, spending no attempt (fenced).
@@ -621,10 +739,16 @@ class OutboxDispatcher:
         stop: asyncio.Event | None,
         completions: _Completions,
         on_waiting: Callable[[], None],
-    ) -> None:
-        """Run the handlers of ``rows`` concurrently, at most ``max_concurrency`` at once.
+        hand_off: Callable[[int], bool] | None = None,
+        progress: asyncio.Event | None = None,
+    ) -> _Workers | None:
+        """Run the handlers of ``rows`` concurrently, at most ``max_concurrency`` at once
+        (counting the calls of a round finishing behind).
 
-        ``on_waiting`` is called once two handlers are mid-call at once: they wait.
+        ``on_waiting`` is called once two handlers are mid-call at once: they wait. Once
+        every row has started, ``hand_off(calls in flight)`` is asked (when ``progress``
+        is set); if it agrees, the workers are returned still running (``finish()``
+        awaits them), else None once they all are done.
         """
         done = await self._succeeded_handlers(envelopes.values())
         timeouts = HandlerTimeouts(self.handler_timeout)
@@ -636,12 +760,20 @@ class OutboxDispatcher:
             return (stop is not None and stop.is_set()) or self.clock() >= deadline
 
         workers = _Workers(
-            self, rows, envelopes, done, timeouts, completions, must_not_start, on_waiting, deadline
+            self,
+            rows,
+            envelopes,
+            done,
+            timeouts,
+            completions,
+            must_not_start,
+            on_waiting,
+            deadline,
+            hand_off=hand_off,
+            progress=progress or asyncio.Event(),
+            others_in_calls=self._calls_behind if self._behind else None,
         )
-        try:
-            await workers.run()
-        finally:
-            timeouts.close()
+        return workers if await workers.run() else None
 
     async def _succeeded_handlers(self, envelopes: Iterable[EventEnvelope]) -> set[tuple[str, str]]:
         """Handler runs that already succeeded, looked up only for events delivered before.
@@ -936,10 +1068,16 @@ class _Workers:
         must_not_start: Callable[[], bool],
         on_waiting: Callable[[], None],
         deadline: datetime,
+        *,
+        hand_off: Callable[[int], bool] | None = None,
+        progress: asyncio.Event,
+        others_in_calls: Callable[[], int] | None = None,
     ) -> None:
         """Once ``must_not_start()``, rows left are handed back unattempted; ``on_waiting``
         is called when a second handler call starts while another is mid-call; after
-        ``deadline`` an event's next handler does not start (``_run_handlers``)."""
+        ``deadline`` an event's next handler does not start (``_run_handlers``).
+        ``others_in_calls()``: the calls of the round finishing behind, which count
+        against ``max_concurrency``. ``hand_off``/``progress``: see ``run``."""
         self._dispatcher = dispatcher
         self._queue = collections.deque(rows)
         self._envelopes = envelopes
@@ -948,14 +1086,38 @@ class _Workers:
         self._completions = completions
         self._limit = min(dispatcher.max_concurrency, len(rows))
         self._tasks: list[asyncio.Task[None]] = []
-        self._in_calls = 0  # workers inside a handler call right now
+        self._live = 0  # worker tasks not finished yet
+        self._failed = False  # a worker raised: the round aborts
+        self.in_calls = 0  # workers inside a handler call right now
         self._must_not_start = must_not_start
         self._on_waiting = on_waiting
         self._deadline = deadline
+        self._hand_off = hand_off
+        self._progress = progress
+        self._others = others_in_calls
 
-    async def run(self) -> None:
-        """Deliver every row (or hand it back); returns once every worker has finished."""
+    async def run(self) -> bool:
+        """Deliver every row (or hand it back). False: every worker has finished. True:
+        every row has started and ``hand_off(calls in flight)`` agreed; the workers still
+        in a call go on, and ``finish()`` awaits them. Woken by ``progress``: set when
+        the last row is taken, when a worker ends, and by the caller (the claim ahead)."""
         self._spawn()
+        try:
+            while self._live and not self._failed:
+                if not self._queue and self._hand_off is not None and self._hand_off(self.in_calls):
+                    return True
+                self._progress.clear()
+                await self._progress.wait()
+        except BaseException:
+            self._abort()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            self._timeouts.close()
+            raise
+        await self.finish()
+        return False
+
+    async def finish(self) -> None:
+        """Wait for every worker (raising the first error); then stop the timeout watcher."""
         try:
             awaited = 0
             while awaited < len(self._tasks):  # the list grows while its first ones run
@@ -963,27 +1125,44 @@ class _Workers:
                 awaited += 1
         finally:
             if any(not task.done() for task in self._tasks):  # aborted: a worker raised
-                self._queue.clear()  # start nothing more
-                for task in self._tasks:
-                    task.cancel()
+                self._abort()
                 # None outlives the round: no handler runs, nor outcome arrives, after it.
                 await asyncio.gather(*self._tasks, return_exceptions=True)
+            self._timeouts.close()
+
+    def _abort(self) -> None:
+        self._queue.clear()  # start nothing more
+        for task in self._tasks:
+            task.cancel()
 
     def _spawn(self) -> None:
+        self._live += 1
         self._tasks.append(asyncio.create_task(self._work()))
 
     async def _work(self) -> None:
+        try:
+            await self._take_rows()
+        except BaseException:
+            self._failed = True
+            raise
+        finally:
+            self._live -= 1
+            self._progress.set()
+
+    async def _take_rows(self) -> None:
         me = asyncio.current_task()
         queue, completions = self._queue, self._completions
         while queue:
             row = queue.popleft()
+            if not queue:
+                self._progress.set()  # every row is taken: the round may hand off
             if self._must_not_start():
                 completions.add(_Outcome(row, "unattempted"))
                 continue
-            self._in_calls += 1
-            if self._in_calls == 2:  # another handler is mid-call: it waits (on I/O)
+            self.in_calls += 1
+            if self.in_calls == 2:  # another handler is mid-call: it waits (on I/O)
                 self._on_waiting()
-            if self._in_calls == len(self._tasks) < self._limit and queue:
+            if self.in_calls == len(self._tasks) and queue and self._room():
                 self._spawn()
             try:
                 outcome = await self._dispatcher._run_handlers(
@@ -995,8 +1174,15 @@ class _Workers:
                     self._deadline,
                 )
             finally:
-                self._in_calls -= 1
+                self.in_calls -= 1
             completions.add(outcome)
+
+    def _room(self) -> bool:
+        """Whether one more worker fits within ``max_concurrency`` (with the round behind)."""
+        if len(self._tasks) >= self._limit:
+            return False
+        others = self._others() if self._others is not None else 0
+        return len(self._tasks) + others < self._dispatcher.max_concurrency
 
 
 class _Completions:

@@ -165,6 +165,7 @@ def build_dispatcher(
         observers=observers,
         clock=clock,
         prefetch=prefetch,
+        overlap_rounds=prefetch,
     )
 
 
@@ -254,7 +255,9 @@ class _RunLoop:
                     break
                 if not ok:
                     await self._wait(self._storage_delay(), notify=False)
-                elif result.claimed == 0 or not (result.published or result.dead_lettered):
+                elif not self.dispatcher.holds_claimed_batch and (
+                    result.claimed == 0 or not (result.published or result.dead_lettered)
+                ):
                     # Nothing claimed, or nothing moved on (every row failed or was handed
                     # back, as in a broker outage): wait rather than spin on the same rows.
                     await self._idle_wait()

@@ -188,7 +188,9 @@ async def test_top_types_and_pause_counts_stay_inside_the_backlog_and_in_flight_
     backlog, in_flight = insights.top_types_statements()
     plan = await _plan(db, backlog)
     _assert_no_table_scan(plan)
-    assert "ix_outbox_events_type_backlog" in plan, plan
+    # It counts every backlog row: either index over the backlog alone serves it, and on a
+    # near-empty table their costs tie (which one wins followed the tests run before).
+    assert "ix_outbox_events_type_backlog" in plan or "ix_outbox_events_backlog_id" in plan, plan
     plan = await _plan(db, in_flight)
     _assert_no_table_scan(plan)
     assert "ix_outbox_events_lease_expiry" in plan, plan

@@ -1,0 +1,188 @@
+"""A slow handler does not hold the next rounds (``overlap_rounds``, the run loop's).
+
+Once every event of a round has started and its next batch is claimed ahead, the round
+returns and the next one starts beside the calls still in flight; those finish behind,
+their outcomes written as they end. ``max_concurrency`` bounds both rounds together, keys
+stay one event in flight and in order, a stop waits for the round behind, and a write
+that fails behind is raised by the next round. PostgreSQL only: SQLite never claims ahead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import pytest
+
+from engine import DispatchResult, OutboxDispatcher
+
+from .conftest import rows
+from .test_delivery_prefetch import fresh, key_for
+from .test_relay_prefetch import assert_each_key_in_order, assert_handed_back_unattempted, publish
+
+pytestmark = pytest.mark.postgresql
+
+
+@pytest.fixture
+async def db(pg_url):
+    engine = await fresh(pg_url)
+    yield engine
+    await engine.dispose()
+
+
+class SlowFirst:
+    """The first event's call waits for ``release``; every other call awaits a little I/O.
+    Records starts and ends, and the most calls in flight at once."""
+
+    def __init__(self, pause: float = 0.02) -> None:
+        self.release = asyncio.Event()
+        self.pause = pause
+        self.slow: str | None = None
+        self.started: list[str] = []
+        self.ended: list[str] = []
+        self.in_flight = 0
+        self.most_in_flight = 0
+
+    async def __call__(self, envelope) -> None:
+        self.started.append(envelope.event_id)
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            if self.slow is None:
+                self.slow = envelope.event_id
+                await asyncio.wait_for(self.release.wait(), timeout=8)
+            else:
+                await asyncio.sleep(self.pause)
+        finally:
+            self.in_flight -= 1
+            self.ended.append(envelope.event_id)
+
+
+def overlapping(db, registry, clock, handler, *, batch_size=3, max_concurrency=3):
+    registry.register_handler("orders.placed", handler, key="overlap-test")
+    return OutboxDispatcher(
+        db,
+        registry,
+        clock=clock,
+        batch_size=batch_size,
+        max_concurrency=max_concurrency,
+        prefetch=True,
+        overlap_rounds=True,
+    )
+
+
+async def test_the_next_round_runs_beside_a_slow_call_within_max_concurrency(db, registry, clock):
+    ids = await publish(db, registry, 6)
+    handler = SlowFirst()
+    dispatcher = overlapping(db, registry, clock, handler)
+
+    first = await dispatcher.dispatch_once()  # returns with the slow call still in flight
+    assert first.claimed == 3
+    assert handler.slow == ids[0] and ids[0] not in handler.ended
+    second = await dispatcher.dispatch_once()  # the batch claimed ahead, beside it
+    assert second.claimed == 3
+    assert set(ids[3:]) <= set(handler.ended)  # all delivered while the first call waited
+    assert ids[0] not in handler.ended
+    assert handler.most_in_flight == 3  # the round behind counted: never four at once
+
+    handler.release.set()
+    await dispatcher.release_prefetched()
+    later = await dispatcher.report_unreported()
+    assert (first + second + later).published == 6
+    stored = await rows(db)
+    assert {r["status"] for r in stored} == {"published"}
+    assert {r["attempt_count"] for r in stored} == {1}  # each claimed once, none handed back
+    assert Counter(handler.started) == Counter(ids)
+
+
+async def test_a_round_that_cannot_hand_off_waits_as_before(db, registry, clock):
+    ids = await publish(db, registry, 3)  # one batch: nothing to claim ahead
+    handler = SlowFirst()
+    dispatcher = overlapping(db, registry, clock, handler)
+    asyncio.get_running_loop().call_later(0.2, handler.release.set)
+    assert await dispatcher.dispatch_once() == DispatchResult(claimed=3, published=3)
+    assert handler.ended[-1] == ids[0]
+
+
+async def test_a_stop_waits_for_the_round_behind_and_hands_back_the_batch_ahead(
+    db, registry, clock
+):
+    ids = await publish(db, registry, 9)
+    handler = SlowFirst()
+    dispatcher = overlapping(db, registry, clock, handler)
+    first = await dispatcher.dispatch_once()
+    assert first.claimed == 3  # handed off: ids[3:6] held
+    by_id = {r["id"]: r for r in await rows(db)}
+    assert [by_id[i]["status"] for i in ids[3:6]] == ["publishing"] * 3
+
+    asyncio.get_running_loop().call_later(0.2, handler.release.set)
+    await dispatcher.release_prefetched()
+    by_id = {r["id"]: r for r in await rows(db)}
+    assert by_id[ids[0]]["status"] == "published"  # finished and recorded before the return
+    assert all(by_id[i]["status"] == "published" for i in ids[:3])
+    await assert_handed_back_unattempted(db, ids[3:])
+    # the round's three, written before it returned or reported since
+    assert (first.published + (await dispatcher.report_unreported()).published) == 3
+
+
+async def test_a_write_that_fails_behind_is_raised_by_the_next_round(db, registry, clock):
+    ids = await publish(db, registry, 9)
+    handler = SlowFirst()
+    dispatcher = overlapping(db, registry, clock, handler)
+    assert (await dispatcher.dispatch_once()).claimed == 3
+    complete = dispatcher._complete
+
+    failed = asyncio.Event()
+
+    async def refused(outcomes):
+        if any(o.row.event_id == ids[0] for o in outcomes):
+            failed.set()
+            raise ConnectionResetError("the database went away")
+        return await complete(outcomes)
+
+    dispatcher._complete = refused  # type: ignore[method-assign]
+    handler.release.set()
+    await asyncio.wait_for(failed.wait(), timeout=8)  # the slow call ended; its write failed
+    deadline = asyncio.get_running_loop().time() + 5
+    while not all(task.done() for task, _workers in dispatcher._behind):  # sync only
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.01)
+    with pytest.raises(ConnectionResetError):
+        await dispatcher.dispatch_once()
+    assert (await dispatcher.dispatch_once()).claimed == 3  # then rounds go on
+    await dispatcher.release_prefetched()
+    by_id = {r["id"]: r for r in await rows(db)}
+    assert by_id[ids[0]]["status"] == "publishing"  # left to its lease, never lost
+
+
+async def test_keys_stay_one_in_flight_and_in_order_with_rounds_overlapping(db, registry, clock):
+    ids = await publish(db, registry, 24, key=key_for)
+    key_of = {event_id: key_for(i) for i, event_id in enumerate(ids)}
+    in_flight: list[str] = []
+    overlaps = 0
+    calls: list[str] = []
+
+    async def handler(envelope):
+        nonlocal overlaps
+        calls.append(envelope.event_id)
+        key = key_of[envelope.event_id]
+        if key is not None:
+            overlaps += key in in_flight
+            in_flight.append(key)
+        try:
+            # every third call is slow: rounds hand off beside it
+            await asyncio.sleep(0.15 if len(calls) % 3 == 1 else 0.01)
+        finally:
+            if key is not None:
+                in_flight.remove(key)
+
+    dispatcher = overlapping(db, registry, clock, handler, batch_size=4, max_concurrency=4)
+    for _ in range(60):
+        if {r["status"] for r in await rows(db)} == {"published"}:
+            break
+        await dispatcher.dispatch_once()
+    await dispatcher.release_prefetched()
+    assert {r["status"] for r in await rows(db)} == {"published"}
+    assert Counter(calls) == Counter(ids)
+    assert overlaps == 0
+    assert_each_key_in_order(calls, ids, key_of)
