@@ -18,7 +18,12 @@ from engine import DispatchResult, OutboxDispatcher
 
 from .conftest import rows
 from .test_delivery_prefetch import fresh, key_for
-from .test_relay_prefetch import assert_each_key_in_order, assert_handed_back_unattempted, publish
+from .test_relay_prefetch import (
+    assert_each_key_in_order,
+    assert_handed_back_unattempted,
+    drain_all,
+    publish,
+)
 
 pytestmark = pytest.mark.postgresql
 
@@ -177,12 +182,7 @@ async def test_keys_stay_one_in_flight_and_in_order_with_rounds_overlapping(db, 
                 in_flight.remove(key)
 
     dispatcher = overlapping(db, registry, clock, handler, batch_size=4, max_concurrency=4)
-    for _ in range(60):
-        if {r["status"] for r in await rows(db)} == {"published"}:
-            break
-        await dispatcher.dispatch_once()
-    await dispatcher.release_prefetched()
-    assert {r["status"] for r in await rows(db)} == {"published"}
+    await drain_all(db, dispatcher)
     assert Counter(calls) == Counter(ids)
     assert overlaps == 0
     assert_each_key_in_order(calls, ids, key_of)
