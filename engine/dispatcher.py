@@ -356,9 +356,13 @@ class OutboxDispatcher:
         """
         if not self._in_doubt:
             return
+        asked = list(self._in_doubt.items())
         async with self._reader.connect() as conn:
-            landed = await store.completions_landed(conn, list(self._in_doubt.items()))
-        self._in_doubt.clear()
+            landed = await store.completions_landed(conn, asked)
+        # Only what was asked about: a round finishing behind may have added more meanwhile.
+        for event_id, claim_version in asked:
+            if self._in_doubt.get(event_id) == claim_version:
+                del self._in_doubt[event_id]
         statuses = collections.Counter(landed.values())
         self._unreported = self._unreported + DispatchResult(
             published=statuses[PUBLISHED],
@@ -404,6 +408,11 @@ class OutboxDispatcher:
         await self._join_behind(wait=False)
         if self._behind_error is not None:  # the round behind could not write its outcomes
             error, self._behind_error = self._behind_error, None
+            held, self._prefetched = self._prefetched, None
+            try:  # not held through the run loop's storage back-off
+                await self._release(held)
+            except Exception as exc:
+                log.debug("handing back the batch claimed ahead failed: %s", type(exc).__name__)
             raise error
         held, self._prefetched = self._prefetched, None
         if self.external_publisher is not None and not await self._publisher_ready():
@@ -450,6 +459,13 @@ class OutboxDispatcher:
             self._behind.remove(entry)
             try:
                 await task
+            except asyncio.CancelledError:
+                # Cancelled while waiting: none of the rounds behind may outlive this one.
+                for other, _ in self._behind:
+                    other.cancel()
+                await asyncio.gather(*(t for t, _ in self._behind), return_exceptions=True)
+                self._behind.clear()
+                raise
             except Exception as exc:
                 if self._behind_error is None:
                     self._behind_error = exc
@@ -504,6 +520,7 @@ class OutboxDispatcher:
                 and upcoming.exception() is None
                 and bool(upcoming.result().rows)
                 and completions.setbacks == len(batch.undeliverable)  # clean so far
+                and not completions.write_failed
                 and not (stop is not None and stop.is_set())
                 # the next round's first call fits beside every call still in flight
                 and in_calls + self._calls_behind() < self.max_concurrency
@@ -696,9 +713,9 @@ class OutboxDispatcher:
             await self._release(held)
         finally:
             await self._join_behind(wait=True)
-        await self._settle_in_doubt()
-        if self._behind_error is not None:
             error, self._behind_error = self._behind_error, None
+        await self._settle_in_doubt()
+        if error is not None:
             raise error
 
     async def _release(self, batch: _Batch | None) -> None:
@@ -1110,8 +1127,10 @@ class _Workers:
                 await self._progress.wait()
         except BaseException:
             self._abort()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-            self._timeouts.close()
+            try:
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+            finally:
+                self._timeouts.close()
             raise
         await self.finish()
         return False
@@ -1124,11 +1143,13 @@ class _Workers:
                 await self._tasks[awaited]
                 awaited += 1
         finally:
-            if any(not task.done() for task in self._tasks):  # aborted: a worker raised
-                self._abort()
-                # None outlives the round: no handler runs, nor outcome arrives, after it.
-                await asyncio.gather(*self._tasks, return_exceptions=True)
-            self._timeouts.close()
+            try:
+                if any(not task.done() for task in self._tasks):  # aborted: a worker raised
+                    self._abort()
+                    # None outlives the round: no handler runs, nor outcome arrives, after it.
+                    await asyncio.gather(*self._tasks, return_exceptions=True)
+            finally:
+                self._timeouts.close()
 
     def _abort(self) -> None:
         self._queue.clear()  # start nothing more
@@ -1217,6 +1238,11 @@ class _Completions:
         self._arrived.set()
         if self._writer is None:
             self._writer = asyncio.create_task(self._write_loop())
+
+    @property
+    def write_failed(self) -> bool:
+        """Whether the database refused one of this round's writes."""
+        return self._error is not None
 
     def add_all(self, outcomes: Sequence[_Outcome]) -> None:
         for outcome in outcomes:

@@ -405,9 +405,12 @@ class _RunLoop:
     async def _stop(self) -> None:
         try:
             await self.dispatcher.release_prefetched()
-        except STORAGE_ERRORS as exc:  # its lease expires; cleanup must not hide the outcome
+        except Exception as exc:  # leases expire; cleanup must not hide the outcome
+            if isinstance(exc, STORAGE_ERRORS):
+                self.summary.storage_errors += 1
             log.warning(
-                "dispatcher %s: could not hand back the batch claimed ahead: %s",
+                "dispatcher %s: could not hand back the batch claimed ahead or write the "
+                "last outcomes of the rounds finishing behind: %s",
                 self.dispatcher.dispatcher_id,
                 self._describe(exc),
             )

@@ -14,7 +14,7 @@ from collections import Counter
 
 import pytest
 
-from engine import DispatchResult, OutboxDispatcher
+from engine import DispatchResult, OutboxDispatcher, store
 
 from .conftest import rows
 from .test_delivery_prefetch import fresh, key_for
@@ -36,12 +36,13 @@ async def db(pg_url):
 
 
 class SlowFirst:
-    """The first event's call waits for ``release``; every other call awaits a little I/O.
-    Records starts and ends, and the most calls in flight at once."""
+    """The first event's call (or the calls of ``slow_ids``) waits for ``release``; every
+    other call awaits a little I/O. Records starts and ends, and the most calls in flight."""
 
-    def __init__(self, pause: float = 0.02) -> None:
+    def __init__(self, pause: float = 0.02, slow_ids: frozenset[str] = frozenset()) -> None:
         self.release = asyncio.Event()
         self.pause = pause
+        self.slow_ids = slow_ids
         self.slow: str | None = None
         self.started: list[str] = []
         self.ended: list[str] = []
@@ -53,8 +54,8 @@ class SlowFirst:
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         try:
-            if self.slow is None:
-                self.slow = envelope.event_id
+            if envelope.event_id in self.slow_ids or (not self.slow_ids and self.slow is None):
+                self.slow = self.slow or envelope.event_id
                 await asyncio.wait_for(self.release.wait(), timeout=8)
             else:
                 await asyncio.sleep(self.pause)
@@ -154,6 +155,8 @@ async def test_a_write_that_fails_behind_is_raised_by_the_next_round(db, registr
         await asyncio.sleep(0.01)
     with pytest.raises(ConnectionResetError):
         await dispatcher.dispatch_once()
+    # the batch claimed ahead went back rather than wait out the run loop's back-off
+    await assert_handed_back_unattempted(db, ids[3:6])
     assert (await dispatcher.dispatch_once()).claimed == 3  # then rounds go on
     await dispatcher.release_prefetched()
     by_id = {r["id"]: r for r in await rows(db)}
@@ -186,3 +189,60 @@ async def test_keys_stay_one_in_flight_and_in_order_with_rounds_overlapping(db, 
     assert Counter(calls) == Counter(ids)
     assert overlaps == 0
     assert_each_key_in_order(calls, ids, key_of)
+
+
+async def test_a_round_whose_write_failed_does_not_hand_off(db, registry, clock):
+    ids = await publish(db, registry, 6)
+    handler = SlowFirst()
+    # two at once: ids[1]'s outcome is written (and refused) while ids[2] still runs
+    dispatcher = overlapping(db, registry, clock, handler, max_concurrency=2)
+    complete = dispatcher._complete
+
+    async def refused(outcomes):
+        if any(o.row.event_id in ids[1:3] for o in outcomes):
+            raise ConnectionResetError("the database went away")
+        return await complete(outcomes)
+
+    dispatcher._complete = refused  # type: ignore[method-assign]
+    asyncio.get_running_loop().call_later(0.3, handler.release.set)
+    with pytest.raises(ConnectionResetError):  # it waited for its slow call, then raised
+        await dispatcher.dispatch_once()
+    assert ids[0] in handler.ended
+    assert not set(ids[3:]) & set(handler.started)  # the batch ahead was never started
+    await assert_handed_back_unattempted(db, ids[3:])
+
+
+async def test_a_cancelled_stop_leaves_no_round_running_behind(db, registry, clock):
+    ids = await publish(db, registry, 12)
+    handler = SlowFirst(slow_ids=frozenset({ids[0], ids[3]}))
+    dispatcher = overlapping(db, registry, clock, handler)
+    assert (await dispatcher.dispatch_once()).claimed == 3  # handed off, ids[0] behind
+    assert (await dispatcher.dispatch_once()).claimed == 3  # and ids[3]: two rounds behind
+    assert {ids[0], ids[3]} <= set(handler.started) - set(handler.ended)
+    stopping = asyncio.create_task(dispatcher.release_prefetched())
+    await asyncio.sleep(0.2)  # waiting for the slow call
+    stopping.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await stopping
+    # both calls were cancelled with the stop, not left running
+    assert {ids[0], ids[3]} <= set(handler.ended)
+    assert not [t for t in asyncio.all_tasks() if "_finish_behind" in repr(t.get_coro())]
+
+
+async def test_completions_in_doubt_added_while_others_are_settled_are_kept(db, registry, clock):
+    """A round finishing behind may fail a write while the next round asks which earlier
+    writes landed: its rows are asked about next time, not forgotten."""
+    dispatcher = overlapping(db, registry, clock, SlowFirst())
+    dispatcher._in_doubt["asked"] = 1
+    landed = store.completions_landed
+
+    async def meanwhile(conn, claims):
+        dispatcher._in_doubt["added meanwhile"] = 2  # a write behind failed just now
+        return await landed(conn, claims)
+
+    store.completions_landed = meanwhile  # type: ignore[assignment]
+    try:
+        await dispatcher._settle_in_doubt()
+    finally:
+        store.completions_landed = landed  # type: ignore[assignment]
+    assert dispatcher._in_doubt == {"added meanwhile": 2}
