@@ -426,7 +426,6 @@ class OutboxDispatcher:
             held = await self._without_paused(held)
         batch = held if held is not None else await self._claim()
         if not batch.rows:
-            await self._join_behind(wait=False)
             return DispatchResult()
         completions = _Completions(self, len(batch.rows))
         completions.add_all(batch.undeliverable)
@@ -441,7 +440,6 @@ class OutboxDispatcher:
         if handed_off:  # what it writes from now on is reported by a later round
             result, completions.result = completions.result, DispatchResult()
             return result
-        await self._join_behind(wait=False)
         return completions.result
 
     @property
@@ -513,8 +511,7 @@ class OutboxDispatcher:
         def may_hand_off(in_calls: int) -> bool:
             """Every event started: may the next round start beside the calls in flight?"""
             return (
-                self.overlap_rounds
-                and upcoming is not None
+                upcoming is not None
                 and upcoming.done()
                 and not upcoming.cancelled()
                 and upcoming.exception() is None
