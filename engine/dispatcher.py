@@ -785,7 +785,7 @@ class OutboxDispatcher:
             deadline,
             hand_off=hand_off,
             progress=progress or asyncio.Event(),
-            others_in_calls=self._calls_behind if self._behind else None,
+            others_in_calls=self._calls_behind,
         )
         return workers if await workers.run() else None
 
@@ -1085,7 +1085,7 @@ class _Workers:
         *,
         hand_off: Callable[[int], bool] | None = None,
         progress: asyncio.Event,
-        others_in_calls: Callable[[], int] | None = None,
+        others_in_calls: Callable[[], int],
     ) -> None:
         """Once ``must_not_start()``, rows left are handed back unattempted; ``on_waiting``
         is called when a second handler call starts while another is mid-call; after
@@ -1123,11 +1123,7 @@ class _Workers:
                 self._progress.clear()
                 await self._progress.wait()
         except BaseException:
-            self._abort()
-            try:
-                await asyncio.gather(*self._tasks, return_exceptions=True)
-            finally:
-                self._timeouts.close()
+            await self._cancel_all()
             raise
         await self.finish()
         return False
@@ -1140,18 +1136,21 @@ class _Workers:
                 await self._tasks[awaited]
                 awaited += 1
         finally:
-            try:
-                if any(not task.done() for task in self._tasks):  # aborted: a worker raised
-                    self._abort()
-                    # None outlives the round: no handler runs, nor outcome arrives, after it.
-                    await asyncio.gather(*self._tasks, return_exceptions=True)
-            finally:
+            if any(not task.done() for task in self._tasks):  # aborted: a worker raised
+                await self._cancel_all()
+            else:
                 self._timeouts.close()
 
-    def _abort(self) -> None:
-        self._queue.clear()  # start nothing more
+    async def _cancel_all(self) -> None:
+        """Start nothing more, cancel every worker and wait for them: none outlives the
+        round (no handler runs, nor outcome arrives, after it); then stop the watcher."""
+        self._queue.clear()
         for task in self._tasks:
             task.cancel()
+        try:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        finally:
+            self._timeouts.close()
 
     def _spawn(self) -> None:
         self._live += 1
@@ -1199,8 +1198,7 @@ class _Workers:
         """Whether one more worker fits within ``max_concurrency`` (with the round behind)."""
         if len(self._tasks) >= self._limit:
             return False
-        others = self._others() if self._others is not None else 0
-        return len(self._tasks) + others < self._dispatcher.max_concurrency
+        return len(self._tasks) + self._others() < self._dispatcher.max_concurrency
 
 
 class _Completions:
