@@ -45,6 +45,13 @@ flight), so a claim and a completion write no entry into them (``engine.schema``
 SQLite they are the same full indexes under the new names. A database with the old ones
 is outdated (``missing_indexes``); the upgrade drops them and builds the new ones, with
 the same caution on a large PostgreSQL table as 0.4's.
+
+Version 0.7: on PostgreSQL ``outbox_events.ordering_key`` compares bytewise (``COLLATE
+"C"``, see ``engine.schema.OrderingKey``), so the ordered claim's index probes no longer
+compare keys through the default collation's strcoll. A column with another collation is
+outdated (``recollated_columns``); the upgrade changes it in place: no table rewrite,
+but its three key indexes are rebuilt and the ``ordering_key`` check re-read, under a
+lock that blocks writes (0.4 s for 300,000 rows on the benchmark machine).
 """
 
 from __future__ import annotations
@@ -55,7 +62,13 @@ from sqlalchemy import Connection, inspect, text
 from sqlalchemy.engine import Inspector
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from engine.schema import SQLITE_SEQ_TRIGGER, metadata, outbox_events, replay_log
+from engine.schema import (
+    KEY_COLLATION,
+    SQLITE_SEQ_TRIGGER,
+    metadata,
+    outbox_events,
+    replay_log,
+)
 
 #: Columns added since the first release: (table, column).
 ADDED_COLUMNS = (
@@ -145,14 +158,42 @@ def missing_indexes(sync_conn: Connection) -> list[str]:
     return missing + [f"index {name} (this version's predicate)" for name in respelled]
 
 
+# Columns of outbox_events that PostgreSQL compares bytewise in this version.
+_BYTEWISE_COLUMNS = ("ordering_key",)
+
+
+def recollated_columns(sync_conn: Connection) -> list[str]:
+    """``outbox_events.column`` for each column PostgreSQL should compare bytewise and the
+    database compares under another collation (SQLite's text is bytewise already; a
+    column not there yet gets the collation as it is added)."""
+    if sync_conn.dialect.name != "postgresql":
+        return []
+    stale = []
+    for column in _BYTEWISE_COLUMNS:
+        found = sync_conn.execute(
+            text(
+                "SELECT c.collname FROM pg_attribute AS a "
+                "JOIN pg_collation AS c ON c.oid = a.attcollation "
+                "WHERE a.attrelid = to_regclass(:table) AND a.attname = :column "
+                "AND NOT a.attisdropped"
+            ),
+            {"table": outbox_events.name, "column": column},
+        ).scalar()
+        if found is not None and found != KEY_COLLATION:
+            stale.append(f"{outbox_events.name}.{column}")
+    return stale
+
+
 def outdated_parts(sync_conn: Connection) -> list[str]:
-    """Everything this version needs and the database lacks: tables, columns, indexes.
+    """Everything this version needs and the database lacks: tables, columns, indexes,
+    collations.
 
     One inspector for the tables and columns: it reads the table list once.
     """
     inspector = inspect(sync_conn)
     tables = [f"table {name}" for name in _missing_tables(inspector)]
-    return tables + _missing_columns(inspector) + missing_indexes(sync_conn)
+    collations = [f'{name} COLLATE "{KEY_COLLATION}"' for name in recollated_columns(sync_conn)]
+    return tables + _missing_columns(inspector) + missing_indexes(sync_conn) + collations
 
 
 def _upgrade(sync_conn: Connection) -> list[str]:
@@ -185,6 +226,11 @@ def _upgrade(sync_conn: Connection) -> list[str]:
         done.append(f"added {name}")
     if not pg:
         run(SQLITE_SEQ_TRIGGER)
+    for name in recollated_columns(sync_conn):
+        column = name.split(".")[1]
+        ddl_type = outbox_events.c[column].type.compile(dialect=sync_conn.dialect)
+        run(f"ALTER TABLE {outbox_events.name} ALTER COLUMN {column} TYPE {ddl_type}")
+        done.append(f'{name} compared bytewise (COLLATE "{KEY_COLLATION}")')
     for respelled in respelled_indexes(sync_conn):
         run(f"DROP INDEX {respelled}")  # made again just below, spelled as this version does
     indexes = _index_names(sync_conn)

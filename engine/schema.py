@@ -125,6 +125,17 @@ def _now_default() -> Any:
 
 Json = JSON().with_variant(JSONB(), "postgresql")
 
+# Ordering keys are opaque: only equality and some fixed order matter, never a language's.
+# On PostgreSQL they compare bytewise (COLLATE "C"): the ordered claim's walk compares keys
+# at every step of every index probe, and under the database's default collation each
+# comparison went through strcoll (C.UTF-8 here, a language's rules on most servers). With
+# "C" an ordered claim cost 20.4 instead of 23.3 µs a row (pg_stat_statements, 50,000
+# events over 1,000 keys, 2 dispatchers, medians of three alternating runs; the drain took
+# 1.29-1.35 s instead of 1.36-1.56 s). UTF-8's byte order is code point order, so Python's
+# string order is the database's too (engine.store's key cursor relies on it).
+KEY_COLLATION = "C"
+OrderingKey = String(400).with_variant(String(400, collation=KEY_COLLATION), "postgresql")
+
 metadata = MetaData()
 
 
@@ -143,7 +154,7 @@ outbox_events = Table(
     Column("aggregate_id", String(200), nullable=False),
     Column("payload", Json, nullable=False),
     # Null: unordered. Events with the same key are delivered one at a time, in seq order.
-    Column("ordering_key", String(400), nullable=True),
+    Column("ordering_key", OrderingKey, nullable=True),
     Column("seq", BigInteger, Identity(), nullable=False),
     Column("status", String(16), nullable=False, server_default=PENDING),
     Column("claim_version", Integer, nullable=False, server_default="0"),

@@ -761,8 +761,9 @@ async def claim_batch(
     next_floor = (max(unordered) + 1 if unordered else seq_floor) if full else 0
     keys = [r.ordering_key for r in rows if r.ordering_key is not None]
     if keys and full:
-        # Python's string order, not the database's collation: only where the next walk
-        # starts, never which rows it may take.
+        # Python's string order is the keys' order in the database: bytes of UTF-8
+        # (COLLATE "C" on PostgreSQL, BINARY on SQLite). It only says where the next
+        # walk starts, never which rows it may take.
         first, last = min(keys), max(keys)
         if went_round_from is not None:
             passed = {"after": max(went_round_from, last), "before": first}

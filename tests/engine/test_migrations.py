@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from sqlalchemy import func, inspect, select, text
 
-from engine import DispatchResult, OutboxDispatcher, create_schema, insights
+from engine import DispatchResult, OutboxDispatcher, create_schema, insights, store
+from engine.clock import utc_now
 from engine.database import check_schema
 from engine.dispatch_health import KEY_UNFINISHED
 from engine.errors import SchemaOutdatedError
@@ -226,5 +229,55 @@ async def test_indexes_spelled_with_in_lists_are_rebuilt_on_sqlite_and_kept_on_p
     plan = await _plan_without(db, "ix_outbox_events_backlog_id", _sql(db, backlog))
     assert "ix_outbox_events_type_backlog" in plan, plan
     behind_head = select(func.count()).where(t.c.ordering_key == "k", t.c.seq > 1, KEY_UNFINISHED)
+    plan = await _plan(db, behind_head.select_from(t))
+    assert "ix_outbox_events_key_order" in plan, plan
+
+
+async def test_ordering_keys_under_the_default_collation_are_refused_then_made_bytewise(db):
+    """0.6 compared ordering keys under the database's collation on PostgreSQL; 0.7 compares
+    them bytewise (COLLATE "C"). init-db changes the column in place and keeps the rows,
+    and the ordered claim still takes each key's head; SQLite has nothing to change."""
+    pg = db.dialect.name == "postgresql"
+    if pg:
+        async with db.begin() as conn:
+            await conn.execute(
+                text(
+                    "ALTER TABLE outbox_events ALTER COLUMN ordering_key "
+                    'TYPE VARCHAR(400) COLLATE "default"'
+                )
+            )
+    async with db.begin() as conn:
+        for n, key in enumerate(["Zürich", "apple", "Zürich"]):
+            await conn.execute(text(OLD_ROW), {"id": f"e{n}"})
+            await conn.execute(
+                text("UPDATE outbox_events SET ordering_key = :key WHERE id = :id"),
+                {"key": key, "id": f"e{n}"},
+            )
+    if pg:
+        with pytest.raises(SchemaOutdatedError, match="outbox-tui init-db") as caught:
+            await check_schema(db)
+        assert 'missing outbox_events.ordering_key COLLATE "C"' in str(caught.value)
+        assert await create_schema(db) == [
+            'outbox_events.ordering_key compared bytewise (COLLATE "C")'
+        ]
+    await check_schema(db)
+    assert await create_schema(db) == []
+    async with db.connect() as conn:
+        # Bytewise: "Z" (0x5A) sorts before "a" (0x61), as Python sorts them; most
+        # language collations put "apple" first.
+        keys = (
+            await conn.execute(
+                text("SELECT DISTINCT ordering_key FROM outbox_events ORDER BY ordering_key")
+            )
+        ).scalars()
+        assert list(keys) == sorted({"Zürich", "apple"}) == ["Zürich", "apple"]
+    async with db.begin() as conn:
+        claimed = await store.claim_batch(
+            conn, dispatcher_id="d", batch_size=10, lease=timedelta(seconds=30), now=utc_now()
+        )
+    assert sorted(r.event_id for r in claimed.rows) == ["e0", "e1"]  # the heads only
+    behind_head = select(func.count()).where(
+        t.c.ordering_key == "Zürich", t.c.seq > 1, KEY_UNFINISHED
+    )
     plan = await _plan(db, behind_head.select_from(t))
     assert "ix_outbox_events_key_order" in plan, plan
