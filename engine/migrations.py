@@ -50,8 +50,8 @@ Version 0.7: on PostgreSQL ``outbox_events.ordering_key`` compares bytewise (``C
 "C"``, see ``engine.schema.OrderingKey``), so the ordered claim's index probes no longer
 compare keys through the default collation's strcoll. A column with another collation is
 outdated (``recollated_columns``); the upgrade changes it in place: no table rewrite,
-but its three key indexes are rebuilt and the ``ordering_key`` check re-read, under a
-lock that blocks writes (0.4 s for 300,000 rows on the benchmark machine).
+but its three key indexes are rebuilt under a lock that blocks writes (0.4 s for
+300,000 keyed rows on the benchmark machine).
 """
 
 from __future__ import annotations
@@ -163,24 +163,23 @@ _BYTEWISE_COLUMNS = ("ordering_key",)
 
 
 def recollated_columns(sync_conn: Connection) -> list[str]:
-    """``outbox_events.column`` for each column PostgreSQL should compare bytewise and the
+    """The columns of outbox_events that PostgreSQL should compare bytewise and the
     database compares under another collation (SQLite's text is bytewise already; a
     column not there yet gets the collation as it is added)."""
     if sync_conn.dialect.name != "postgresql":
         return []
+    collation_of = text(
+        "SELECT c.collname FROM pg_attribute AS a "
+        "JOIN pg_collation AS c ON c.oid = a.attcollation "
+        "WHERE a.attrelid = to_regclass(:table) AND a.attname = :column AND NOT a.attisdropped"
+    )
     stale = []
     for column in _BYTEWISE_COLUMNS:
         found = sync_conn.execute(
-            text(
-                "SELECT c.collname FROM pg_attribute AS a "
-                "JOIN pg_collation AS c ON c.oid = a.attcollation "
-                "WHERE a.attrelid = to_regclass(:table) AND a.attname = :column "
-                "AND NOT a.attisdropped"
-            ),
-            {"table": outbox_events.name, "column": column},
+            collation_of, {"table": outbox_events.name, "column": column}
         ).scalar()
         if found is not None and found != KEY_COLLATION:
-            stale.append(f"{outbox_events.name}.{column}")
+            stale.append(column)
     return stale
 
 
@@ -192,7 +191,10 @@ def outdated_parts(sync_conn: Connection) -> list[str]:
     """
     inspector = inspect(sync_conn)
     tables = [f"table {name}" for name in _missing_tables(inspector)]
-    collations = [f'{name} COLLATE "{KEY_COLLATION}"' for name in recollated_columns(sync_conn)]
+    collations = [
+        f'{outbox_events.name}.{column} COLLATE "{KEY_COLLATION}"'
+        for column in recollated_columns(sync_conn)
+    ]
     return tables + _missing_columns(inspector) + missing_indexes(sync_conn) + collations
 
 
@@ -226,11 +228,10 @@ def _upgrade(sync_conn: Connection) -> list[str]:
         done.append(f"added {name}")
     if not pg:
         run(SQLITE_SEQ_TRIGGER)
-    for name in recollated_columns(sync_conn):
-        column = name.split(".")[1]
+    for column in recollated_columns(sync_conn):
         ddl_type = outbox_events.c[column].type.compile(dialect=sync_conn.dialect)
         run(f"ALTER TABLE {outbox_events.name} ALTER COLUMN {column} TYPE {ddl_type}")
-        done.append(f'{name} compared bytewise (COLLATE "{KEY_COLLATION}")')
+        done.append(f'{outbox_events.name}.{column} compared bytewise (COLLATE "{KEY_COLLATION}")')
     for respelled in respelled_indexes(sync_conn):
         run(f"DROP INDEX {respelled}")  # made again just below, spelled as this version does
     indexes = _index_names(sync_conn)
