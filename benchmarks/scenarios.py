@@ -199,7 +199,7 @@ async def io_bound(ctx: Context, sizes: Sizes, *, peer: bool = True) -> dict[str
 
     sides = [(f"ours {b}", ours(b)) for b in sizes.io_batches]
     if not peer or not peer_pgqueuer.available():
-        runs = _best_per_repeat(await alternate(sizes.repeats, sides), "ours")
+        runs = _best_per_repeat(await alternate(sizes.repeats, sides), sizes.io_batches, "ours")
         why = "peer not installed (pgqueuer)" if peer else "peer skipped (--no-peer)"
         return skipped("b", title, why, ours=side(label, runs["ours"]))
     tasks = sizes.peer_io_max_tasks
@@ -214,7 +214,9 @@ async def io_bound(ctx: Context, sizes: Sizes, *, peer: bool = True) -> dict[str
         )
 
     sides += [(f"pgqueuer {b}", theirs(b)) for b in sizes.io_batches]
-    runs = _best_per_repeat(await alternate(sizes.repeats, sides), "ours", "pgqueuer")
+    runs = _best_per_repeat(
+        await alternate(sizes.repeats, sides), sizes.io_batches, "ours", "pgqueuer"
+    )
     peer_label = f"pgqueuer ×2, max_concurrent_tasks {tasks or 'unlimited'}"
     peer_label += f", best of batch {batches}"
     result = ratio(runs["ours"], runs["pgqueuer"])
@@ -231,16 +233,15 @@ async def io_bound(ctx: Context, sizes: Sizes, *, peer: bool = True) -> dict[str
 
 
 def _best_per_repeat(
-    runs: dict[str, list[dict[str, Any]]], *names: str
+    runs: dict[str, list[dict[str, Any]]], batches: tuple[int, ...], *names: str
 ) -> dict[str, list[dict[str, Any]]]:
-    """Per repeat, each named side's fastest run over its ``"<name> <batch>"`` variants;
+    """Per repeat, each named side's fastest run over its ``"<name> <batch>"`` runs;
     every run is kept under ``tried`` (batch, rate) on the one chosen."""
     best: dict[str, list[dict[str, Any]]] = {}
     for name in names:
-        variants = {k: v for k, v in runs.items() if k.split(" ")[0] == name}
         chosen = []
-        for repeat in zip(*variants.values(), strict=True):
-            by_batch = list(zip((int(k.split(" ")[1]) for k in variants), repeat, strict=True))
+        for repeat in zip(*(runs[f"{name} {b}"] for b in batches), strict=True):
+            by_batch = list(zip(batches, repeat, strict=True))
             batch, run = max(by_batch, key=lambda br: br[1]["rate"])
             tried = [{"batch_size": b, "rate": r["rate"]} for b, r in by_batch]
             chosen.append({**run, "batch_size": batch, "tried": tried})

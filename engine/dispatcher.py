@@ -409,10 +409,7 @@ class OutboxDispatcher:
         if self._behind_error is not None:  # the round behind could not write its outcomes
             error, self._behind_error = self._behind_error, None
             held, self._prefetched = self._prefetched, None
-            try:  # not held through the run loop's storage back-off
-                await self._release(held)
-            except Exception as exc:
-                log.debug("handing back the batch claimed ahead failed: %s", type(exc).__name__)
+            await self._release_or_warn(held)  # not held through the run loop's back-off
             raise error
         held, self._prefetched = self._prefetched, None
         if self.external_publisher is not None and not await self._publisher_ready():
@@ -690,13 +687,18 @@ class OutboxDispatcher:
         if keep and batch.rows:
             self._prefetched = batch
             return
+        await self._release_or_warn(batch)
+
+    async def _release_or_warn(self, batch: _Batch | None) -> None:
+        """Hand back a batch claimed ahead; a failure is logged, not raised: the round's
+        own outcome (or error) matters more, and the rows' lease expires."""
         try:
             await self._release(batch)
-        except Exception as exc:  # the round's own outcome matters more; the lease expires
+        except Exception as exc:
             log.warning(
                 "dispatcher %s could not hand back %d event(s) claimed ahead: %s",
                 self.dispatcher_id,
-                len(batch.rows),
+                len(batch.rows) if batch is not None else 0,
                 type(exc).__name__,
             )
 
