@@ -91,9 +91,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-peer", action="store_true", help="skip pgqueuer")
     parser.add_argument("--repeats", type=int, help="alternations per comparison (default 3)")
     parser.add_argument("--events", type=int, help="drain size of a and d (default 100,000)")
-    parser.add_argument("--io-events", type=int, help="b (default 20,000)")
-    parser.add_argument("--ordered-events", type=int, help="c (default 50,000)")
-    parser.add_argument("--scale-events", type=int, help="e (default 50,000)")
+    parser.add_argument("--io-events", type=int, help="b (default 100,000)")
+    parser.add_argument("--ordered-events", type=int, help="c (default 100,000)")
+    parser.add_argument("--scale-events", type=int, help="e (default 100,000)")
     parser.add_argument("--relay-events", type=int, help="g (default 10,000, 5 repeats)")
     parser.add_argument("--large-events", type=int, default=1_000_000)
     # One pair of f spread from 0.77 to 1.07 on this machine within an hour: three

@@ -38,13 +38,20 @@ Run = Callable[[], Awaitable[dict[str, Any]]]
 class Sizes:
     repeats: int = 3
     drain: int = 100_000
-    io: int = 20_000  # ~2 s a run: 5,000 drained in under 0.5 s, within the 50 ms stop poll's noise
+    # Every drain on PostgreSQL is 100,000 events, as the issue measured. Shorter runs
+    # (b at 20,000, c and e at 50,000) ended in 0.65-1.3 s on the faster side, where
+    # the first claims' ramp and the 50 ms stop poll weigh most. On one PostgreSQL, b
+    # read 1.33-1.56 at 20,000 and 1.61-1.84 at 100,000; e 1.56-1.62 at 50,000 and
+    # 1.70-1.78 at 100,000. c went the other way, 0.73-0.77 at 50,000 and 0.58-0.70 at
+    # 100,000: with 100 events per key instead of 50 an ordered row costs PostgreSQL
+    # more (docs/dispatcher.md, "Deeper keys"), an unordered one does not.
+    io: int = 100_000
     io_sleep_ms: float = 10.0
     io_concurrency: int = 500
     io_batches: tuple[int, ...] = (500, 1000)
-    ordered: int = 50_000
+    ordered: int = 100_000
     hot_key: int = 2_000
-    scale: int = 50_000
+    scale: int = 100_000
     large: int | None = None  # 1_000_000 with --large
     large_base: int = 100_000
     relay: int = 10_000
