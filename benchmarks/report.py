@@ -296,9 +296,9 @@ HOW_TO_READ = [
     "  machine's iowait, in cores). One core per process: a single-threaded worker at",
     "  0.85 cores or more.",
     "",
-    "Re-run: `make bench` (about 10 minutes; `--smoke` for a one-minute check, `--large`",
+    "Re-run: `make bench` (about 6 minutes; `--smoke` for a one-minute check, `--large`",
     "adds the 1,000,000-event backlog, three alternations, and the console at 1,000,000",
-    "rows: about 20 minutes in all). Raw data:",
+    "rows: about 12 minutes in all). Raw data:",
     "`benchmarks/results/latest.json`.",
 ]
 
