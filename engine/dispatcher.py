@@ -49,7 +49,12 @@ from engine import pauses, store
 from engine.backoff import BackoffPolicy
 from engine.clock import Clock, utc_now
 from engine.context import _handler_invocation, _task_context
-from engine.database import DISPATCHER_BUSY_TIMEOUT_SECONDS, read_only_engine, waiting_at_most
+from engine.database import (
+    DISPATCHER_BUSY_TIMEOUT_SECONDS,
+    mask_secrets,
+    read_only_engine,
+    waiting_at_most,
+)
 from engine.envelope import EventEnvelope, attach_raw_payload, delivered_envelope
 from engine.errors import ConfigurationError, EventHandlerPermanentError, EventValidationError
 from engine.handler_timeouts import HandlerTimedOut, HandlerTimeouts
@@ -706,16 +711,32 @@ class OutboxDispatcher:
         """Hand back the batch claimed ahead, if any, wait for the round finishing behind
         (its handlers end, each within its timeout, and their outcomes are written), and
         count the completions still in doubt (the run loop calls this on stop, then
-        ``report_unreported``). Raises the round behind's storage error, if any."""
+        ``report_unreported``). Raises the first storage error of these steps; each later
+        one is logged, and a failed step does not skip the ones after it."""
         held, self._prefetched = self._prefetched, None
+        errors: list[Exception] = []
         try:
             await self._release(held)
-        finally:
-            await self._join_behind(wait=True)
-            error, self._behind_error = self._behind_error, None
-        await self._settle_in_doubt()
-        if error is not None:
-            raise error
+        except Exception as exc:
+            errors.append(exc)
+        await self._join_behind(wait=True)
+        if self._behind_error is not None:
+            errors.append(self._behind_error)
+            self._behind_error = None
+        try:
+            await self._settle_in_doubt()
+        except Exception as exc:
+            errors.append(exc)
+        for later in errors[1:]:
+            first_line = (str(later).strip().splitlines() or [""])[0]
+            log.warning(
+                "dispatcher %s: while stopping, also: %s: %s",
+                self.dispatcher_id,
+                type(later).__name__,
+                mask_secrets(first_line, self.engine.url),
+            )
+        if errors:
+            raise errors[0]
 
     async def _release(self, batch: _Batch | None) -> None:
         """Hand a batch that was claimed but never started back, spending no attempt (fenced).

@@ -246,3 +246,38 @@ async def test_completions_in_doubt_added_while_others_are_settled_are_kept(db, 
     finally:
         store.completions_landed = landed  # type: ignore[assignment]
     assert dispatcher._in_doubt == {"added meanwhile": 2}
+
+
+async def test_a_stop_whose_hand_back_fails_still_reports_the_round_behind(
+    db, registry, clock, caplog
+):
+    """The hand-back's error is raised; the write error behind it is logged, not dropped,
+    and a completion in doubt that did land is still counted."""
+    ids = await publish(db, registry, 9)
+    handler = SlowFirst()
+    dispatcher = overlapping(db, registry, clock, handler)
+    first = await dispatcher.dispatch_once()  # handed off: ids[0] behind, ids[3:6] ahead
+    complete = dispatcher._complete
+
+    async def landed_then_cut_off(outcomes):
+        written = await complete(outcomes)
+        if any(o.row.event_id == ids[0] for o in outcomes):
+            raise ConnectionResetError("cut off after COMMIT")  # committed all the same
+        return written
+
+    async def hand_back_refused(batch):
+        raise ConnectionRefusedError("hand-back refused")
+
+    dispatcher._complete = landed_then_cut_off  # type: ignore[method-assign]
+    dispatcher._release = hand_back_refused  # type: ignore[method-assign]
+    asyncio.get_running_loop().call_later(0.2, handler.release.set)
+    with (
+        caplog.at_level("WARNING", logger="engine.dispatcher"),
+        pytest.raises(ConnectionRefusedError),
+    ):
+        await dispatcher.release_prefetched()
+    assert "cut off after COMMIT" in caplog.text  # the round behind's error, logged
+    by_id = {r["id"]: r for r in await rows(db)}
+    assert all(by_id[i]["status"] == "published" for i in ids[:3])
+    # ids[0]'s write was in doubt; the stop asked, and counted it as published
+    assert (first + await dispatcher.report_unreported()).published == 3
