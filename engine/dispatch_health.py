@@ -14,13 +14,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import Integer, Text, column, func, select, text
+from sqlalchemy import Integer, Select, Text, column, func, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from engine.schema import (
     DEAD_LETTER,
     FAILED,
     KEY_STALLED_PREDICATE,
+    KEY_TURN,
     KEY_UNFINISHED_PREDICATE,
     KEYED_PREDICATE,
     PENDING,
@@ -32,8 +33,19 @@ from engine.schema import (
 
 t = outbox_events
 ALIVE, STALE, STOPPED = "alive", "stale", "stopped"
-# The undelivered rows of an ordering key (ix_outbox_events_key_order).
+# The undelivered rows of an ordering key (ix_outbox_events_key_order on SQLite,
+# ix_outbox_events_key_turn on PostgreSQL).
 KEY_UNFINISHED = text(f"{KEYED_PREDICATE} AND {KEY_UNFINISHED_PREDICATE}")
+# PostgreSQL's key index keeps a key's rows in flight apart from its rows at rest (the
+# claim reads the first ones first): a range of a key in write order is a range within
+# each part, so a query over one reads it as two, each bounded by ``seq``.
+_PG_KEY_TURNS = (f"{KEY_TURN} = 0", f"{KEY_TURN} = 1")
+
+
+def key_turns(dialect: str) -> tuple[str, ...]:
+    """The parts a query over a range of one key's rows reads, one SQL term each (on
+    SQLite a single part, a term that is always true)."""
+    return _PG_KEY_TURNS if dialect == "postgresql" else ("true",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,16 +196,20 @@ def blocked_heads_sql(dialect: str) -> str:
     stalled = "outbox_events AS e"
     if dialect == "sqlite":  # its planner prefers the status index, which holds every dead letter
         stalled += " INDEXED BY ix_outbox_events_key_stalled"
+    none_before = "".join(
+        f"""
+AND NOT EXISTS (
+    SELECT 1 FROM outbox_events AS p
+    WHERE p.ordering_key = e.ordering_key AND {turn} AND p.seq < e.seq
+    AND {KEYED_PREDICATE} AND {KEY_UNFINISHED_PREDICATE}
+)"""
+        for turn in key_turns(dialect)
+    )
     return f"""
 SELECT e.ordering_key, e.id, e.status, e.event_type, e.last_error, e.dead_letter_reason,
        e.created_at, e.seq
 FROM {stalled}
-WHERE {KEYED_PREDICATE} AND {KEY_STALLED_PREDICATE}
-AND NOT EXISTS (
-    SELECT 1 FROM outbox_events AS p
-    WHERE p.ordering_key = e.ordering_key AND p.seq < e.seq
-    AND {KEYED_PREDICATE} AND {KEY_UNFINISHED_PREDICATE}
-)
+WHERE {KEYED_PREDICATE} AND {KEY_STALLED_PREDICATE}{none_before}
 """
 
 
@@ -211,15 +227,18 @@ class BlockedSummary(NamedTuple):
 def blocked_summary_sql(dialect: str) -> str:
     """How many keys are blocked, the oldest head, and what dead-lettered heads hold.
 
-    One probe of ix_outbox_events_key_order per dead-lettered head, over the rows after
-    it (in the inner query, unqualified names are its own table's, w).
+    One range of the key index per dead-lettered head (two on PostgreSQL), over the rows
+    after it (in the inner query, unqualified names are its own table's, w).
     """
     # The index's own predicate, as it is spelled (SQLite uses a partial index only for a
     # query that repeats it), then narrowed to what waits: pending or failed.
     waiting = status_is_one_of(PENDING, FAILED)
-    held = f"""(SELECT count(*) FROM outbox_events AS w
-    WHERE w.ordering_key = heads.ordering_key AND w.seq > heads.seq
+    held = " + ".join(
+        f"""(SELECT count(*) FROM outbox_events AS w
+    WHERE w.ordering_key = heads.ordering_key AND {turn} AND w.seq > heads.seq
     AND {KEYED_PREDICATE} AND {KEY_UNFINISHED_PREDICATE} AND ({waiting}))"""
+        for turn in key_turns(dialect)
+    )
     return f"""SELECT count(*) AS n, min(created_at) AS oldest,
     coalesce(sum(CASE WHEN status = '{DEAD_LETTER}' THEN {held} ELSE 0 END), 0) AS held
 FROM ({blocked_heads_sql(dialect)}) AS heads"""
@@ -272,7 +291,19 @@ async def read_blocked_keys(
     return found
 
 
+def key_count_statements(dialect: str, key: str, where: Any) -> list[Select[Any]]:
+    """The counts ``key_count`` adds up: one range of the key index per part."""
+    return [
+        select(func.count())
+        .select_from(t)
+        .where(t.c.ordering_key == key, text(turn), where, KEY_UNFINISHED)
+        for turn in key_turns(dialect)
+    ]
+
+
 async def key_count(conn: AsyncConnection, key: str, where: Any) -> int:
-    """Undelivered events of one key matching ``where`` (ix_outbox_events_key_order)."""
-    stmt = select(func.count()).select_from(t).where(t.c.ordering_key == key, where, KEY_UNFINISHED)
-    return int((await conn.execute(stmt)).scalar_one())
+    """Undelivered events of one key matching ``where``, a range of ``seq``."""
+    found = 0
+    for stmt in key_count_statements(conn.dialect.name, key, where):
+        found += int((await conn.execute(stmt)).scalar_one())
+    return found

@@ -46,6 +46,12 @@ SQLite they are the same full indexes under the new names. A database with the o
 is outdated (``missing_indexes``); the upgrade drops them and builds the new ones, with
 the same caution on a large PostgreSQL table as 0.4's.
 
+Version 0.8: on PostgreSQL ``ix_outbox_events_key_turn`` (a key's rows in flight first,
+then its rows at rest in ``seq`` order) replaces ``ix_outbox_events_key_order`` and
+``ix_outbox_events_key_in_flight``, which SQLite keeps (``engine.schema.ONLY_ON``). A
+PostgreSQL database without it is outdated (``missing_indexes``); the upgrade builds it
+and drops the two, with the same caution on a large table as 0.4's.
+
 Version 0.7: on PostgreSQL ``outbox_events.ordering_key`` compares bytewise (``COLLATE
 "C"``, see ``engine.schema.OrderingKey``), so the ordered claim's index probes no longer
 compare keys through the default collation's strcoll. A column with another collation is
@@ -65,6 +71,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from engine.schema import (
     KEY_COLLATION,
     SQLITE_SEQ_TRIGGER,
+    indexes_for,
     metadata,
     outbox_events,
     replay_log,
@@ -91,6 +98,12 @@ _RETIRED_INDEXES = (
     "ix_outbox_events_status_id",
     "ix_outbox_events_aggregate_id",
 )
+
+# (0.8) PostgreSQL's ordered claim reads ix_outbox_events_key_turn instead of these two.
+_RETIRED_ON = {
+    "postgresql": ("ix_outbox_events_key_order", "ix_outbox_events_key_in_flight"),
+    "sqlite": (),
+}
 
 # Index -> the predicate text an earlier version gave it (engine.schema says why it changed).
 _RESPELLED = {
@@ -152,7 +165,7 @@ def missing_indexes(sync_conn: Connection) -> list[str]:
     database lacks (the claim names its indexes on SQLite, and needs them everywhere),
     or has with a predicate spelled as an earlier version did (``respelled_indexes``)."""
     found = _index_names(sync_conn)
-    names = sorted(str(i.name) for i in outbox_events.indexes)  # a set: name order, stable
+    names = [str(i.name) for i in indexes_for(sync_conn.dialect.name)]
     missing = [f"index {name}" for name in names if name not in found]
     respelled = respelled_indexes(sync_conn)
     return missing + [f"index {name} (this version's predicate)" for name in respelled]
@@ -235,14 +248,14 @@ def _upgrade(sync_conn: Connection) -> list[str]:
     for respelled in respelled_indexes(sync_conn):
         run(f"DROP INDEX {respelled}")  # made again just below, spelled as this version does
     indexes = _index_names(sync_conn)
-    for retired in _RETIRED_INDEXES:
-        if retired in indexes:
-            run(f"DROP INDEX {retired}")
-            done.append(f"dropped index {retired}")
-    for index in outbox_events.indexes:
+    for index in indexes_for(sync_conn.dialect.name):
         if index.name not in indexes:
             index.create(sync_conn)
             done.append(f"created index {index.name}")
+    for retired in _RETIRED_INDEXES + _RETIRED_ON.get(sync_conn.dialect.name, ()):
+        if retired in indexes:
+            run(f"DROP INDEX {retired}")
+            done.append(f"dropped index {retired}")
     if pg and "ck_outbox_events_ordering_key" not in {
         c["name"] for c in inspect(sync_conn).get_check_constraints("outbox_events")
     }:

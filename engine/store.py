@@ -52,6 +52,7 @@ from engine.schema import (
     DEAD_LETTER,
     FAILED,
     IN_FLIGHT_PREDICATE,
+    KEY_TURN,
     KEY_UNFINISHED_PREDICATE,
     KEYED_PREDICATE,
     LEASED_PREDICATE,
@@ -197,10 +198,12 @@ def truncate_error(message: str) -> str:
 #
 # abandoned  one row whose lease expired, reclaimed alone (see claim_batch).
 # ordered    the heads of ordering keys. ``keys`` walks the distinct keys that have
-#            unfinished rows through ix_outbox_events_key_order (a skip scan: one index
-#            probe per key, from the dispatcher's key cursor on), ``heads`` takes each
-#            key's first unfinished row, and a head is claimed only if it is due and no
-#            row of its key is in flight. Rows queued behind a head are never visited.
+#            unfinished rows (a skip scan: one index probe per key, from the dispatcher's
+#            key cursor on), each key's first unfinished row is its head, and a head is
+#            claimed only if it is due and no row of its key is in flight. PostgreSQL
+#            reads all three from one probe of ix_outbox_events_key_turn per key; SQLite
+#            walks ix_outbox_events_key_order, then probes ix_outbox_events_key_in_flight.
+#            Rows queued behind a head are never visited.
 # unordered  due rows without a key, in seq order, through ix_outbox_events_waiting.
 #
 # The two sources share the batch; which one fills it first alternates by round. On
@@ -254,28 +257,36 @@ def _key_walk(table: Callable[..., str], unfinished: str, include_cursor_key: bo
 )"""
 
 
-def _key_walk_with_heads(unfinished: str, include_cursor_key: bool) -> str:
-    """PostgreSQL's walk: each step's one probe finds the next key and its head at once.
+# ix_outbox_events_key_turn's order: a key's rows in flight first, then its rows at rest
+# in write order (engine.schema.KEY_TURN).
+_KEY_TURN_ORDER = f"ordering_key, {KEY_TURN}, seq"
 
-    The first unfinished entry after key ``k`` in ``(ordering_key, seq)`` order is the
-    next key's head, so one index scan per key replaces the two of ``_key_walk`` (the
-    next key, then its first row): mid-drain, each probe also steps over the dead
-    entries of rows published since the last vacuum. The step has the head's row in
-    hand, so it also says where the row is (``ctid``) and whether it is due: ``ordered``
-    then fetches only due heads, by row address, not again through the primary key. A
-    key in flight (another dispatcher's) costs its one probe and nothing more.
+
+def _key_walk_with_heads(unfinished: str, include_cursor_key: bool) -> str:
+    """PostgreSQL's walk: each step's one probe finds the next key, its head, and whether
+    a row of the key is in flight, at once.
+
+    The first unfinished entry after key ``k`` in ix_outbox_events_key_turn is a row of
+    the next key in flight, if there is one, else the key's head (its first unfinished
+    row in ``seq`` order). So one index scan per key replaces the three of ``_key_walk``
+    with SQLite's heads and in-flight probe: mid-drain, each probe also steps over the
+    dead entries of rows published since the last vacuum. The step has that row in
+    hand, so it also says where the row is (``ctid``) and whether it is a due head (a
+    row in flight never is): ``ordered`` then fetches only due heads, by row address,
+    not again through the primary key. A key in flight costs its one probe and nothing
+    more.
     """
-    head = f"ordering_key, ctid, {_due('w')}"
+    head = f"ordering_key, ctid, w.locked_by IS NULL AND {_due('w')}"
     return f"""keys(k, head, due, n) AS (
     (SELECT {head}, 1 FROM outbox_events AS w
      WHERE {_from_cursor(include_cursor_key)} AND {unfinished}
-     ORDER BY ordering_key, seq LIMIT 1)
+     ORDER BY {_KEY_TURN_ORDER} LIMIT 1)
     UNION ALL
     SELECT next_head.ordering_key, next_head.ctid, next_head.due, keys.n + 1
     FROM keys CROSS JOIN LATERAL (
         SELECT {head} AS due FROM outbox_events AS w
         WHERE ordering_key > keys.k AND {unfinished}
-        ORDER BY ordering_key, seq LIMIT 1
+        ORDER BY {_KEY_TURN_ORDER} LIMIT 1
     ) AS next_head
     WHERE keys.n < :walk_limit
 )"""
@@ -457,17 +468,18 @@ def _claim_sql(dialect: str, shape: ClaimShape) -> str:
     ref = _ref(dialect)
     limits = {first: ":batch", second: f"(:batch - (SELECT count(*) FROM {first}))"}
     scope = _scope_clause(dialect, shape)
-    in_flight = f"""(
+    if dialect == "postgresql":
+        # keys.due: the walk found the key's head, and no row of the key in flight.
+        ordered = f"""SELECT e.ctid AS ref FROM keys CROSS JOIN outbox_events AS e
+    WHERE keys.due AND e.ctid = keys.head AND NOT EXISTS (SELECT 1 FROM abandoned)
+    AND {_DUE}{scope}
+    LIMIT {limits["ordered"]}{lock}"""
+    else:
+        in_flight = f"""(
         SELECT 1 FROM {table("key_in_flight", "f")}
         WHERE f.ordering_key = e.ordering_key AND {KEYED_PREDICATE} AND {IN_FLIGHT_PREDICATE}
         LIMIT 1
     ) IS NULL"""
-    if dialect == "postgresql":
-        ordered = f"""SELECT e.ctid AS ref FROM keys CROSS JOIN outbox_events AS e
-    WHERE keys.due AND e.ctid = keys.head AND NOT EXISTS (SELECT 1 FROM abandoned)
-    AND {_DUE}{scope} AND {in_flight}
-    LIMIT {limits["ordered"]}{lock}"""
-    else:
         # Each head looked up on its own, not joined: for the join SQLite builds a Bloom
         # filter over the table first, a walk over every row however few keys there are
         # (test_query_plans). Heads keep the walk's key order.

@@ -5,19 +5,19 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import func, inspect, select, text
+from sqlalchemy import bindparam, func, inspect, select, text
 
 from engine import DispatchResult, OutboxDispatcher, create_schema, insights, store
 from engine.clock import utc_now
 from engine.database import check_schema
 from engine.dispatch_health import KEY_UNFINISHED
 from engine.errors import SchemaOutdatedError
-from engine.schema import metadata
+from engine.schema import UtcDateTime, metadata
 from engine.schema import outbox_events as t
 from tests.old_schema import OLD_STATUSES, create_old_schema
 
 from .conftest import rows
-from .test_query_plans import _plan, _plan_without, _sql
+from .test_query_plans import _plan, _plan_without, _sql, key_index
 
 OLD_ROW = (
     "INSERT INTO outbox_events (id, tenant_id, event_type, event_version, aggregate_type, "
@@ -55,7 +55,7 @@ async def test_init_db_upgrades_in_place_and_keeps_the_rows(db, registry, clock)
         indexes = await conn.run_sync(
             lambda sync: {i["name"] for i in inspect(sync).get_indexes("outbox_events")}
         )
-    assert {"ix_outbox_events_waiting", "ix_outbox_events_key_order"} <= indexes
+    assert {"ix_outbox_events_waiting", key_index(db)} <= indexes
     retired = {"ix_outbox_events_active", "ix_outbox_events_lease", "ix_outbox_events_unordered"}
     assert not retired & indexes
 
@@ -207,9 +207,16 @@ OLD_SPELLINGS = {  # 0.4's predicates, with IN lists
 async def test_indexes_spelled_with_in_lists_are_rebuilt_on_sqlite_and_kept_on_postgresql(db):
     """0.4 spelled two partial indexes' predicates with IN lists. SQLite only uses a partial
     index for queries that repeat its predicate as written, so init-db rebuilds them there;
-    PostgreSQL proves either spelling from the other, so its indexes stay and serve."""
+    PostgreSQL proves either spelling from the other, so its indexes stay and serve (its
+    key index is ix_outbox_events_key_turn since 0.8: test_key_turn_replaces_...)."""
+    pg = db.dialect.name == "postgresql"
+    old_spellings = {
+        name: definition
+        for name, definition in OLD_SPELLINGS.items()
+        if not (pg and name == "ix_outbox_events_key_order")
+    }
     async with db.begin() as conn:
-        for name, definition in OLD_SPELLINGS.items():
+        for name, definition in old_spellings.items():
             await conn.execute(text(f"DROP INDEX {name}"))
             await conn.execute(text(f"CREATE INDEX {name} ON outbox_events {definition}"))
     if db.dialect.name == "sqlite":
@@ -230,7 +237,7 @@ async def test_indexes_spelled_with_in_lists_are_rebuilt_on_sqlite_and_kept_on_p
     assert "ix_outbox_events_type_backlog" in plan, plan
     behind_head = select(func.count()).where(t.c.ordering_key == "k", t.c.seq > 1, KEY_UNFINISHED)
     plan = await _plan(db, behind_head.select_from(t))
-    assert "ix_outbox_events_key_order" in plan, plan
+    assert key_index(db) in plan, plan
 
 
 async def test_ordering_keys_under_the_default_collation_are_refused_then_made_bytewise(db):
@@ -280,4 +287,68 @@ async def test_ordering_keys_under_the_default_collation_are_refused_then_made_b
         t.c.ordering_key == "Zürich", t.c.seq > 1, KEY_UNFINISHED
     )
     plan = await _plan(db, behind_head.select_from(t))
-    assert "ix_outbox_events_key_order" in plan, plan
+    assert key_index(db) in plan, plan
+
+
+KEY_INDEXES_07 = {  # PostgreSQL's key indexes up to 0.7
+    "ix_outbox_events_key_order": (
+        "(ordering_key, seq) WHERE ordering_key IS NOT NULL AND "
+        "(status = 'pending' OR status = 'publishing' OR status = 'failed' "
+        "OR (status = 'dead_letter' AND skipped_at IS NULL))"
+    ),
+    "ix_outbox_events_key_in_flight": (
+        "(ordering_key) WHERE ordering_key IS NOT NULL AND locked_by IS NOT NULL"
+    ),
+}
+
+
+async def test_key_turn_replaces_the_key_order_and_in_flight_indexes_on_postgresql(db):
+    """0.8: PostgreSQL's ordered claim reads one key index that holds a key's rows in
+    flight first. init-db builds it and drops the two it replaces; SQLite keeps its two.
+    Either way the claim takes heads only, and no head of a key with a row in flight."""
+    pg = db.dialect.name == "postgresql"
+    if pg:
+        async with db.begin() as conn:
+            await conn.execute(text("DROP INDEX ix_outbox_events_key_turn"))
+            for name, definition in KEY_INDEXES_07.items():
+                await conn.execute(text(f"CREATE INDEX {name} ON outbox_events {definition}"))
+    keys = {"a0": "a", "a1": "a", "b0": "b", "c0": "c", "c1": "c"}
+    async with db.begin() as conn:
+        for event_id, key in keys.items():
+            await conn.execute(text(OLD_ROW), {"id": event_id})
+            await conn.execute(
+                text("UPDATE outbox_events SET ordering_key = :key WHERE id = :id"),
+                {"key": key, "id": event_id},
+            )
+        # c1 is in flight while c0, written before it, waits: c0 committed late, say.
+        await conn.execute(
+            text(
+                "UPDATE outbox_events SET status = 'publishing', locked_by = 'other', "
+                "locked_until = :until, claim_version = 1, attempt_count = 1 WHERE id = 'c1'"
+            ).bindparams(bindparam("until", type_=UtcDateTime())),
+            {"until": utc_now() + timedelta(minutes=5)},
+        )
+    if pg:
+        with pytest.raises(SchemaOutdatedError, match="outbox-tui init-db") as caught:
+            await check_schema(db)
+        assert "index ix_outbox_events_key_turn" in str(caught.value)
+        assert sorted(await create_schema(db)) == [
+            "created index ix_outbox_events_key_turn",
+            "dropped index ix_outbox_events_key_in_flight",
+            "dropped index ix_outbox_events_key_order",
+        ]
+    await check_schema(db)
+    assert await create_schema(db) == []
+    async with db.connect() as conn:
+        indexes = await conn.run_sync(
+            lambda sync: {i["name"] for i in inspect(sync).get_indexes("outbox_events")}
+        )
+    on_sqlite = {"ix_outbox_events_key_order", "ix_outbox_events_key_in_flight"}
+    assert ({"ix_outbox_events_key_turn"} if pg else on_sqlite) <= indexes
+    assert not (on_sqlite if pg else {"ix_outbox_events_key_turn"}) & indexes
+    async with db.begin() as conn:
+        claimed = await store.claim_batch(
+            conn, dispatcher_id="d", batch_size=10, lease=timedelta(seconds=30), now=utc_now()
+        )
+    assert sorted(r.event_id for r in claimed.rows) == ["a0", "b0"]
+    assert len(await rows(db)) == len(keys)

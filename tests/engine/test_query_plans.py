@@ -36,6 +36,13 @@ def _assert_no_table_scan(plan: str) -> None:
         assert not (line.startswith("SCAN outbox_events") and "INDEX" not in line), plan
 
 
+def key_index(db) -> str:
+    """The index a dialect's ordered claim and per-key queries read (engine.schema.ONLY_ON)."""
+    return {"postgresql": "ix_outbox_events_key_turn", "sqlite": "ix_outbox_events_key_order"}[
+        db.dialect.name
+    ]
+
+
 async def _plan_without(db, index: str, sql: str) -> str:
     """The plan of ``sql`` once ``index`` is gone (dropped in a transaction rolled back)."""
     async with db.connect() as conn, conn.begin() as tx:
@@ -57,17 +64,23 @@ async def test_the_in_flight_probe_and_the_lease_queries_cannot_use_each_others_
     came to answer the claim's per-key probe by reading every leased row mid-drain: 500
     heads x 500 leased rows, most of an ordered claim's time. So with its own index gone,
     the probe falls back to a table scan, not to the lease index, and the other way round.
+    PostgreSQL's claim has no probe since (its key index holds what is in flight): there
+    the lease queries must not read the key index instead.
     """
-    probe = (
-        "SELECT 1 FROM outbox_events AS f WHERE f.ordering_key = 'k' "
-        f"AND {KEYED_PREDICATE} AND {IN_FLIGHT_PREDICATE} LIMIT 1"
-    )
-    plan = await _plan_without(db, "ix_outbox_events_key_in_flight", probe)
-    assert "ix_outbox_events_lease" not in plan, plan
+    in_flight_index = "ix_outbox_events_key_in_flight"
+    if db.dialect.name == "sqlite":
+        probe = (
+            "SELECT 1 FROM outbox_events AS f WHERE f.ordering_key = 'k' "
+            f"AND {KEYED_PREDICATE} AND {IN_FLIGHT_PREDICATE} LIMIT 1"
+        )
+        plan = await _plan_without(db, in_flight_index, probe)
+        assert "ix_outbox_events_lease" not in plan, plan
+    else:
+        in_flight_index = key_index(db)
     _backlog, in_flight_by_type = insights.top_types_statements()
     for stmt in (insights.stuck_statement(clock()), in_flight_by_type):
         plan = await _plan_without(db, "ix_outbox_events_lease_expiry", _sql(db, stmt))
-        assert "ix_outbox_events_key_in_flight" not in plan, plan
+        assert in_flight_index not in plan, plan
 
 
 async def test_counting_a_status_uses_an_index(db):
@@ -126,7 +139,9 @@ async def test_the_claim_walks_keys_and_unordered_rows_through_their_indexes(
     }
     plan = await _text_plan(db, sql, params)
     _assert_no_table_scan(plan)
-    for index in ("key_order", "key_in_flight", "waiting", "lease_expiry"):
+    indexes = ["waiting", "lease_expiry"]
+    indexes += ["key_turn"] if db.dialect.name == "postgresql" else ["key_order", "key_in_flight"]
+    for index in indexes:
         assert f"ix_outbox_events_{index}" in plan, plan
 
 
@@ -134,14 +149,29 @@ async def test_blocked_heads_are_found_through_the_stalled_index(db):
     plan = await _text_plan(db, dispatch_health.blocked_heads_sql(db.dialect.name), {})
     _assert_no_table_scan(plan)
     assert "ix_outbox_events_key_stalled" in plan
-    assert "ix_outbox_events_key_order" in plan
+    assert key_index(db) in plan
 
 
 async def test_what_dead_letters_hold_is_counted_through_the_key_index(db):
     plan = await _text_plan(db, dispatch_health.blocked_summary_sql(db.dialect.name), {})
     _assert_no_table_scan(plan)
     assert "ix_outbox_events_key_stalled" in plan
-    assert "ix_outbox_events_key_order" in plan
+    assert key_index(db) in plan
+
+
+async def test_a_range_of_one_keys_rows_is_bounded_in_the_key_index(db):
+    """ "How many events of its key come before it" and "how many wait behind the head"
+    read only that range of the key's rows, never all of them. PostgreSQL's key index
+    keeps rows in flight apart from rows at rest: two ranges, each bounded by seq."""
+    for where, bound in ((t.c.seq < 10, "seq <"), (t.c.seq > 10, "seq >")):
+        for stmt in dispatch_health.key_count_statements(db.dialect.name, "k", where):
+            plan = await _plan(db, stmt)
+            assert key_index(db) in plan, plan
+            if db.dialect.name == "postgresql":
+                conditions = [line for line in plan.splitlines() if "Index Cond" in line]
+                assert conditions and bound in conditions[0], plan
+            else:
+                assert bound.replace(" ", "") in plan, plan
 
 
 async def test_a_scoped_claim_reads_one_range_per_served_type(db, clock):
