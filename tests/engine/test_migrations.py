@@ -33,6 +33,15 @@ async def make_previous_schema(db) -> None:
     await create_old_schema(db.url.render_as_string(hide_password=False))
 
 
+async def assert_refused_then_upgraded(db, missing: str, steps: list[str]) -> None:
+    """Every entry point refuses the database in one line naming ``missing`` and init-db;
+    init-db then takes exactly ``steps`` (in any order)."""
+    with pytest.raises(SchemaOutdatedError, match="outbox-tui init-db") as caught:
+        await check_schema(db)
+    assert missing in str(caught.value)
+    assert sorted(await create_schema(db)) == sorted(steps)
+
+
 async def test_an_outdated_schema_is_refused_with_the_command_that_upgrades_it(db):
     await make_previous_schema(db)
     with pytest.raises(SchemaOutdatedError, match="outbox-tui init-db") as caught:
@@ -142,18 +151,18 @@ async def test_a_database_with_the_unordered_indexes_of_0_3_is_refused_then_upgr
             )
         )
         await conn.execute(text(OLD_ROW), {"id": "e1"})
-    with pytest.raises(SchemaOutdatedError, match="outbox-tui init-db") as caught:
-        await check_schema(db)
-    assert "index ix_outbox_events_waiting" in str(caught.value)
-    steps = await create_schema(db)
-    assert sorted(steps) == [
-        "created index ix_outbox_events_lease_expiry",
-        "created index ix_outbox_events_waiting",
-        "created index ix_outbox_events_waiting_type",
-        "dropped index ix_outbox_events_leased",
-        "dropped index ix_outbox_events_unordered",
-        "dropped index ix_outbox_events_unordered_type",
-    ]
+    await assert_refused_then_upgraded(
+        db,
+        "index ix_outbox_events_waiting",
+        [
+            "created index ix_outbox_events_lease_expiry",
+            "created index ix_outbox_events_waiting",
+            "created index ix_outbox_events_waiting_type",
+            "dropped index ix_outbox_events_leased",
+            "dropped index ix_outbox_events_unordered",
+            "dropped index ix_outbox_events_unordered_type",
+        ],
+    )
     await check_schema(db)
     assert await create_schema(db) == []
 
@@ -178,15 +187,16 @@ async def test_a_database_with_the_full_status_and_aggregate_indexes_of_0_5_is_u
             text("CREATE INDEX ix_outbox_events_aggregate_id ON outbox_events (aggregate_id)")
         )
         await conn.execute(text(OLD_ROW), {"id": "e1"})
-    with pytest.raises(SchemaOutdatedError, match="outbox-tui init-db") as caught:
-        await check_schema(db)
-    assert "index ix_outbox_events_backlog_id" in str(caught.value)
-    assert sorted(await create_schema(db)) == [
-        "created index ix_outbox_events_aggregate_at_rest",
-        "created index ix_outbox_events_backlog_id",
-        "dropped index ix_outbox_events_aggregate_id",
-        "dropped index ix_outbox_events_status_id",
-    ]
+    await assert_refused_then_upgraded(
+        db,
+        "index ix_outbox_events_backlog_id",
+        [
+            "created index ix_outbox_events_aggregate_at_rest",
+            "created index ix_outbox_events_backlog_id",
+            "dropped index ix_outbox_events_aggregate_id",
+            "dropped index ix_outbox_events_status_id",
+        ],
+    )
     await check_schema(db)
     assert await create_schema(db) == []
     assert [r["id"] for r in await rows(db)] == ["e1"]
@@ -261,12 +271,11 @@ async def test_ordering_keys_under_the_default_collation_are_refused_then_made_b
                 {"key": key, "id": f"e{n}"},
             )
     if pg:
-        with pytest.raises(SchemaOutdatedError, match="outbox-tui init-db") as caught:
-            await check_schema(db)
-        assert 'missing outbox_events.ordering_key COLLATE "C"' in str(caught.value)
-        assert await create_schema(db) == [
-            'outbox_events.ordering_key compared bytewise (COLLATE "C")'
-        ]
+        await assert_refused_then_upgraded(
+            db,
+            'missing outbox_events.ordering_key COLLATE "C"',
+            ['outbox_events.ordering_key compared bytewise (COLLATE "C")'],
+        )
     await check_schema(db)
     assert await create_schema(db) == []
     async with db.connect() as conn:
@@ -329,14 +338,15 @@ async def test_key_turn_replaces_the_key_order_and_in_flight_indexes_on_postgres
             {"until": utc_now() + timedelta(minutes=5)},
         )
     if pg:
-        with pytest.raises(SchemaOutdatedError, match="outbox-tui init-db") as caught:
-            await check_schema(db)
-        assert "index ix_outbox_events_key_turn" in str(caught.value)
-        assert sorted(await create_schema(db)) == [
-            "created index ix_outbox_events_key_turn",
-            "dropped index ix_outbox_events_key_in_flight",
-            "dropped index ix_outbox_events_key_order",
-        ]
+        await assert_refused_then_upgraded(
+            db,
+            "index ix_outbox_events_key_turn",
+            [
+                "created index ix_outbox_events_key_turn",
+                "dropped index ix_outbox_events_key_in_flight",
+                "dropped index ix_outbox_events_key_order",
+            ],
+        )
     await check_schema(db)
     assert await create_schema(db) == []
     async with db.connect() as conn:
