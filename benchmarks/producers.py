@@ -7,8 +7,11 @@ Both read ``OUTBOX_DATABASE_URL``, report ready and wait for the go file in
 ``OUTBOX_BENCH_SYNC_DIR`` (benchmarks/bench_app.py), and write their result as JSON to
 ``OUTBOX_BENCH_LOG_DIR/result.<pid>.json``.
 
-``write``: one business row per unit of work (``plain``), or that row plus one outbox
-event published in the same transaction (``outbox``), committed one after another. The
+``write``: one business row per unit of work (``plain``), that row plus one outbox
+event published in the same transaction (``outbox``), or that row plus a ``SELECT 1`` on
+the transaction's asyncpg connection (``statement``: what one more statement costs
+whatever it does, the floor under any event written by a statement of its own),
+committed one after another. The
 schedule is a list of slots of S seconds each, G seconds apart, counted from the moment
 written in the go file, so every producer switches mode at the same instant and the two
 modes alternate every few seconds without restarting a process.
@@ -31,12 +34,14 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Column, Integer, MetaData, String, Table, insert
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from engine import EventRegistry, OutboxEventPublisher, TaskContext, create_engine, unit_of_work
 from engine.clock import uuid7
 from engine.wakeup import enable_commit_notifications
 
 EVENT_TYPE = "bench.happened"
+WRITE_MODES = ("plain", "outbox", "statement")
 CTX = TaskContext("acme", "bench", "req")
 business = MetaData()
 orders = Table(
@@ -69,6 +74,14 @@ def _report(result: dict[str, Any]) -> None:
     out.write_text(json.dumps(result))
 
 
+async def _one_more_statement(session: AsyncSession) -> None:
+    """A ``SELECT 1`` on the session's asyncpg connection, in its transaction, as the
+    publisher sends its INSERT there (engine.publisher): a round trip and nothing else."""
+    conn = await session.connection()
+    raw = await conn.get_raw_connection()
+    await raw.driver_connection.fetchval("SELECT 1")
+
+
 async def write(schedule: list[str], seconds: float, gap: float) -> dict[str, Any]:
     engine = create_engine(os.environ["OUTBOX_DATABASE_URL"], pool_size=2)
     registry = _registry()
@@ -89,6 +102,8 @@ async def write(schedule: list[str], seconds: float, gap: float) -> dict[str, An
                         await OutboxEventPublisher(session).publish(
                             EVENT_TYPE, {}, aggregate_type="order", aggregate_id=order_id
                         )
+                    elif mode == "statement":
+                        await _one_more_statement(session)
                 commits += 1
             slots.append({"mode": mode, "commits": commits})
     finally:
@@ -134,8 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.what == "write":
         modes = args.schedule.split(",")
-        if not set(modes) <= {"plain", "outbox"}:
-            parser.error("--schedule takes plain and outbox")
+        if not set(modes) <= set(WRITE_MODES):
+            parser.error(f"--schedule takes {', '.join(WRITE_MODES)}")
         result = asyncio.run(write(modes, args.seconds, args.gap))
     else:
         result = asyncio.run(latency(args.events, args.min_gap, args.max_gap))

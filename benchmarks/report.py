@@ -189,6 +189,15 @@ def notes(records: list[dict[str, Any]]) -> list[str]:
         if rec.get("hot_key"):
             hot = rec["hot_key"]
             lines.append(f"- c: one hot key drains at {hot['median']:,.0f} ev/s ({hot['label']}).")
+        if rec.get("second_statement"):
+            extra = rec["second_statement"]
+            lines.append(
+                f"- h: the business row plus a bare `SELECT 1` on the same connection costs "
+                f"{extra['ratio']:.2f}× the row alone ({extra['median']:,.0f} commits/s; "
+                + ", ".join(f"{r:.2f}" for r in extra["ratios"])
+                + "): what any second statement costs here, the floor under an event "
+                "written by a statement of its own."
+            )
         if rec.get("duplicates") is not None:
             lines.append(f"- e: events handled twice across all runs: {rec['duplicates']}.")
         if rec.get("unit") == "ms" and rec["status"] == "ok":
@@ -269,7 +278,8 @@ HOW_TO_READ = [
     "  publishing the same number of persistent, mandatory messages of the same size,",
     "  gathered 500 at a time on one confirming channel.",
     "- The write path runs N producer processes, each committing one unit of work after",
-    "  another for a fixed time, with and without one outbox event in it.",
+    "  another for a fixed time, with and without one outbox event in it, and with a bare",
+    "  `SELECT 1` in its place (a note gives its cost: a second statement's round trip).",
     "- The SQLite drain preloads the same events (one executemany in one transaction) into",
     "  a fresh file in the harness's workdir on a real disk (WAL, synchronous=FULL: every",
     "  commit pays its fsync) before each run. One dispatcher, as SQLite has one writer at a",

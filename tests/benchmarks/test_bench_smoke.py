@@ -70,6 +70,9 @@ def test_smoke_run_reports_every_comparison(pg_url: str, amqp_url: str, tmp_path
             assert all(rate > 0 for rate in _rates(rec[key])), (rec["id"], key)
             assert rec[key]["runs"][0]["usage"]["wall_seconds"] > 0
     assert by_id["e"]["duplicates"] == 0
+    # h: the row + SELECT 1 slots ran beside the two compared, as often
+    statement = by_id["h"]["second_statement"]
+    assert len(statement["runs"]) == len(by_id["h"]["ours"]["runs"]) and statement["ratio"] > 0
     assert by_id["g"]["ours"]["runs"][0]["queued"] >= by_id["g"]["ours"]["runs"][0]["events"]
     latency = by_id["i"]
     assert latency["status"] == "ok"
