@@ -107,7 +107,7 @@ async def work(args: argparse.Namespace) -> None:
     @pgq.entrypoint(ENTRYPOINT)
     async def bench(job: Job) -> None:
         if calls is not None:
-            calls.write(f"{job.id}\t{time.time():.6f}\n")
+            calls.write(f"{job.id}\t{time.time_ns()}\n")  # as bench_app's CallLog
         if sleep_seconds:
             await asyncio.sleep(sleep_seconds)
 

@@ -283,12 +283,13 @@ class Fleet:
                 proc.wait()
 
     def calls(self) -> list[tuple[str, float]]:
-        """(event or job id, handler start) of every handler call the workers logged."""
+        """(event or job id, handler start in unix seconds) of every handler call the
+        workers logged (in nanoseconds)."""
         found = []
         for path in self.calls_dir.glob("calls.*.tsv"):
             for line in path.read_text().splitlines():
                 key, _, when = line.partition("\t")
-                found.append((key, float(when)))
+                found.append((key, int(when) / 1e9))
         return found
 
     def log_tail(self, chars: int = 1500) -> str:
