@@ -11,10 +11,10 @@ Both read ``OUTBOX_DATABASE_URL``, report ready and wait for the go file in
 event published in the same transaction (``outbox``), or that row plus a ``SELECT 1`` on
 the transaction's asyncpg connection (``statement``: what one more statement costs
 whatever it does, the floor under any event written by a statement of its own),
-committed one after another. The
-schedule is a list of slots of S seconds each, G seconds apart, counted from the moment
-written in the go file, so every producer switches mode at the same instant and the two
-modes alternate every few seconds without restarting a process.
+committed one after another. The schedule is a list of slots of S seconds each, G
+seconds apart, counted from the moment written in the go file, so every producer switches
+mode at the same instant and the modes alternate every few seconds without restarting a
+process.
 
 ``latency``: one event per unit of work with the after-commit wake-up
 (``enable_commit_notifications``) installed, a random gap between commits; records each
