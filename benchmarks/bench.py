@@ -101,7 +101,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--large-repeats", type=int, default=3, help="f's alternations (default 3)")
     parser.add_argument("--write-seconds", type=float, help="h, per slot (default 3)")
     parser.add_argument("--latency-events", type=int, help="i (default 150)")
-    parser.add_argument("--sqlite-events", type=int, help="j (default 100,000)")
+    parser.add_argument("--sqlite-events", type=int, help="j (default 100,000, 5 repeats)")
     parser.add_argument("--batch-size", type=int, default=500)
     parser.add_argument(
         "--peer-loop", choices=("uvloop", "asyncio"), default="uvloop", help="pgqueuer's loop"
