@@ -7,7 +7,9 @@ back: a thread wake-up, then the event loop's, 85-90 µs a trip on a 2-core mach
 ``SELECT 1`` took 500 µs that way; a dispatcher round on SQLite runs about ten
 statements, so the trips cost more than the SQL. Here the cursor opens without a trip,
 and ``execute`` runs the statement, fetches its first rows and closes what is done, in
-one.
+one. A transaction's BEGIN (with the PRAGMAs of a bounded wait for the write lock) is one
+trip too, and the pool's rollback of a connection it takes back is none when no
+transaction is open.
 """
 
 from __future__ import annotations
@@ -72,6 +74,33 @@ class OneTripConnection:
 
     def cursor(self) -> _Opening:
         return _Opening(self._aiosqlite)
+
+    async def rollback(self) -> None:
+        """Roll back, with no trip when no transaction is open: SQLAlchemy's pool rolls
+        back every connection it takes back, after a commit too (sqlite3's own rollback
+        does nothing then, and the flag it reads is the one read here)."""
+        if self._aiosqlite._conn.in_transaction:
+            await self._aiosqlite.rollback()
+
+    async def begin(self, mode: str, busy_timeout: float | None, usual: float) -> None:
+        """``BEGIN <mode>`` in one trip; with ``busy_timeout`` (seconds), waiting at most
+        that long for the write lock, after which the ``usual`` busy timeout is back (also
+        when the wait ran out). Three statements, one trip: a dispatcher's claim begins so.
+        """
+        await self._aiosqlite._execute(  # type: ignore[no-untyped-call]
+            self._begin, f"BEGIN {mode}", busy_timeout, usual
+        )
+
+    def _begin(self, begin: str, busy_timeout: float | None, usual: float) -> None:
+        connection = self._aiosqlite._conn
+        if busy_timeout is None:
+            connection.execute(begin).close()
+            return
+        connection.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}").close()
+        try:
+            connection.execute(begin).close()
+        finally:
+            connection.execute(f"PRAGMA busy_timeout={int(usual * 1000)}").close()
 
 
 class _Opening:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import sqlite3
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -29,8 +30,9 @@ from sqlalchemy.exc import (
     SQLAlchemyError,
 )
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.util import await_only
 
-from engine.aiosqlite_connect import connect_aiosqlite
+from engine.aiosqlite_connect import OneTripConnection, connect_aiosqlite
 from engine.errors import (
     DatabaseUnavailableError,
     DatabaseUrlError,
@@ -226,19 +228,17 @@ def _tune_sqlite(engine: AsyncEngine) -> None:
     def _on_begin(connection: Any) -> None:
         options = connection.get_execution_options()
         if options.get(_READ_ONLY_OPTION):
-            connection.exec_driver_sql("BEGIN DEFERRED")
-        elif _BUSY_TIMEOUT_OPTION in options:
-            # A bounded wait for the write lock; 0: fail at once (begin_promptly polls).
-            wait = options[_BUSY_TIMEOUT_OPTION]
-            connection.exec_driver_sql(f"PRAGMA busy_timeout={int(wait * 1000)}")
-            try:
-                connection.exec_driver_sql("BEGIN IMMEDIATE")
-            finally:
-                connection.exec_driver_sql(
-                    f"PRAGMA busy_timeout={int(SQLITE_BUSY_TIMEOUT_SECONDS * 1000)}"
-                )
+            mode, wait = "DEFERRED", None
         else:
-            connection.exec_driver_sql("BEGIN IMMEDIATE")
+            # A bounded wait for the write lock; 0: fail at once (begin_promptly polls).
+            mode, wait = "IMMEDIATE", options.get(_BUSY_TIMEOUT_OPTION)
+        driver: OneTripConnection = connection.connection.driver_connection
+        try:
+            await_only(driver.begin(mode, wait, SQLITE_BUSY_TIMEOUT_SECONDS))
+        except sqlite3.Error as exc:  # as SQLAlchemy raises a statement's error
+            raise DBAPIError.instance(
+                f"BEGIN {mode}", None, exc, sqlite3.Error, dialect=connection.dialect
+            ) from exc
 
 
 @asynccontextmanager

@@ -20,13 +20,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Literal
 
-import aiosqlite
 from sqlalchemy import event
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.pool import ConnectionPoolEntry
 
+from engine.aiosqlite_connect import OneTripConnection, connect_aiosqlite
 from engine.database import (
     INIT_DB,
     SQLITE_BUSY_TIMEOUT_SECONDS,
@@ -76,8 +76,8 @@ def open_engine(database_url: str | URL, purpose: Purpose) -> AsyncEngine:
         path = Path(url.database or "").absolute()
         uri = path.as_uri() + "?mode=rw"
 
-        async def connect() -> aiosqlite.Connection:
-            return await aiosqlite.connect(uri, uri=True, timeout=SQLITE_BUSY_TIMEOUT_SECONDS)
+        async def connect() -> OneTripConnection:
+            return await connect_aiosqlite(uri, uri=True, timeout=SQLITE_BUSY_TIMEOUT_SECONDS)
 
         # Pooled: each new aiosqlite connection starts a thread, and Thread.start() holds
         # the event loop until that thread runs (140 ms and more on a busy machine). A

@@ -13,6 +13,7 @@ import contextlib
 import gc
 import logging
 import signal
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -249,7 +250,7 @@ async def _dispatch(
             reporter.started(_run_details(inv, spec, port))
             starting[0] = False  # from here on a signal lets the loop finish its round
             try:
-                with _collector_for_rounds():
+                with _collector_for_rounds(), _prompt_thread_switches():
                     return await run(
                         spec,
                         dispatcher,
@@ -259,6 +260,29 @@ async def _dispatch(
                     )
             finally:
                 reporter.stop()
+
+
+# How long a thread may hold the GIL while another waits for it (Python's default: 5 ms).
+ROUND_SWITCH_INTERVAL_SECONDS = 0.001
+
+
+@contextlib.contextmanager
+def _prompt_thread_switches() -> Iterator[None]:
+    """A shorter GIL switch interval for the run, as it was after.
+
+    On SQLite the dispatcher commits its claim in aiosqlite's thread while the event
+    loop decodes the claimed rows (``OutboxDispatcher._decoded_while_committing``). That
+    thread needs the GIL for a moment to start the commit, and with the default interval
+    it waited up to 5 ms for the decoding to end, so nothing overlapped. At 1 ms it
+    starts the commit (whose fsync runs without the GIL) almost at once: a no-op drain of
+    100,000 events on SQLite went from about 29.8k to 31.4k events/s, alternating runs.
+    """
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(ROUND_SWITCH_INTERVAL_SECONDS)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
 
 
 # Objects the cyclic collector's youngest generation may gain before it runs (default 700).

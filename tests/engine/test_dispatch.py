@@ -7,6 +7,7 @@ import contextlib
 from collections import Counter
 from datetime import timedelta
 
+import aiosqlite
 import pytest
 from sqlalchemy import select
 
@@ -20,6 +21,7 @@ from engine import (
     unit_of_work,
 )
 from engine.context import current_task_context
+from engine.database import read_only_engine
 from engine.dispatcher import ExternalPublishResult
 from engine.publisher import OutboxEvent
 from engine.schema import handler_runs
@@ -61,6 +63,30 @@ async def test_dispatch_once_publishes_a_batch_through_the_handler(db, registry,
         assert stored["published_at"] == clock.now
         assert stored["locked_by"] is None and stored["locked_until"] is None
         assert stored["claim_version"] == 1 and stored["attempt_count"] == 1
+
+
+async def test_a_handler_starts_only_once_its_claim_is_committed(db, registry, clock, monkeypatch):
+    """The claimed rows are decoded while the claim commits; until that commit is done
+    another dispatcher could still take the events, so no handler may start before."""
+    committed_reader = read_only_engine(db)  # SQLite: a deferred read, no wait for writers
+    seen = []
+    real_commit = aiosqlite.Connection.commit
+
+    async def slow_commit(connection):  # SQLite's commits take 50 ms longer
+        await asyncio.sleep(0.05)
+        await real_commit(connection)
+
+    monkeypatch.setattr(aiosqlite.Connection, "commit", slow_commit)
+
+    @registry.handler("orders.placed", key="orders.audit")
+    async def audit(envelope):
+        found = await row(committed_reader, envelope.event_id)
+        seen.append((found["status"], found["locked_by"], found["claim_version"]))
+
+    await publish(db, registry, count=3)
+    dispatcher = OutboxDispatcher(db, registry, batch_size=3, clock=clock, dispatcher_id="d1")
+    assert await dispatcher.dispatch_once() == DispatchResult(claimed=3, published=3)
+    assert seen == [("publishing", "d1", 1)] * 3
 
 
 async def test_task_context_and_trace_id_reach_the_handler(db, registry, clock):

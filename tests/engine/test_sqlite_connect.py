@@ -25,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from engine import create_engine
 from engine.aiosqlite_connect import FIRST_ROWS
+from engine.database import SQLITE_BUSY_TIMEOUT_SECONDS, waiting_at_most
 
 
 def _workers() -> set[threading.Thread]:
@@ -156,3 +157,19 @@ async def test_errors_are_sqlalchemys_and_leave_the_connection_usable(
         inserted = await conn.execute(text("INSERT INTO t (label) VALUES ('auto')"))
         assert inserted.lastrowid is not None
         assert (await conn.exec_driver_sql("SELECT count(*) FROM t")).scalar() == 1
+
+
+async def test_a_write_transaction_with_a_bounded_wait_costs_no_trips_of_its_own(
+    sqlite_engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    claimer = waiting_at_most(sqlite_engine, 5)
+    async with claimer.begin():  # a connection in the pool, so none is opened below
+        pass
+    trips = _Trips(monkeypatch)
+    async with claimer.begin() as conn:
+        await _fill(conn, 1)
+    # BEGIN with its PRAGMAs, the statement, COMMIT; the pool's rollback costs none.
+    assert trips.count == 3
+    async with sqlite_engine.connect() as conn:
+        usual = (await conn.exec_driver_sql("PRAGMA busy_timeout")).scalar()
+        assert usual == SQLITE_BUSY_TIMEOUT_SECONDS * 1000
