@@ -12,6 +12,7 @@ close, where SQLAlchemy's adapter over plain aiosqlite made four.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -173,3 +174,21 @@ async def test_a_write_transaction_with_a_bounded_wait_costs_no_trips_of_its_own
     async with sqlite_engine.connect() as conn:
         usual = (await conn.exec_driver_sql("PRAGMA busy_timeout")).scalar()
         assert usual == SQLITE_BUSY_TIMEOUT_SECONDS * 1000
+
+
+async def test_a_statement_cancelled_mid_trip_leaves_the_engine_usable(
+    sqlite_engine: AsyncEngine,
+) -> None:
+    slow = text(
+        "WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM c WHERE n < 1000000) "
+        "SELECT count(*) FROM c"
+    )
+    async with sqlite_engine.connect() as conn:
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.01):
+                await conn.execute(slow)
+    # The thread finishes the statement; the connection goes back (rolled back) behind it.
+    async with sqlite_engine.begin() as conn:
+        await _fill(conn, 3)
+    async with sqlite_engine.connect() as conn:
+        assert (await conn.exec_driver_sql("SELECT count(*) FROM t")).scalar() == 3
