@@ -201,3 +201,14 @@ def test_dispatch_rounds_run_with_a_lazier_collector_and_give_it_back() -> None:
         assert gc.get_freeze_count() > 0  # start-up's objects are left out of collections
     assert gc.get_threshold() == before
     assert gc.get_freeze_count() == 0
+
+
+def test_dispatch_rounds_hand_the_gil_over_sooner_and_give_the_interval_back() -> None:
+    import sys
+
+    from outbox_tui.cli.dispatch import ROUND_SWITCH_INTERVAL_SECONDS, _prompt_thread_switches
+
+    before = sys.getswitchinterval()
+    with _prompt_thread_switches():
+        assert sys.getswitchinterval() == pytest.approx(ROUND_SWITCH_INTERVAL_SECONDS)
+    assert sys.getswitchinterval() == before
