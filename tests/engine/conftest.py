@@ -6,7 +6,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from engine import EventRegistry, EventSchemaSpec, OutboxDispatcher, TaskContext
+from engine import EventRegistry, EventSchemaSpec, TaskContext
 from engine.schema import outbox_events
 
 ORDER_PLACED = EventSchemaSpec(required={"order_id": str, "amount": int}, optional={"note": str})
@@ -37,18 +37,3 @@ async def row(engine: AsyncEngine, event_id: str) -> dict[str, object]:
     async with engine.connect() as conn:
         result = await conn.execute(select(outbox_events).where(outbox_events.c.id == event_id))
         return dict(result.mappings().one())
-
-
-def run_loop_dispatcher(db, registry, clock, handler, *, batch_size=3, max_concurrency=3):
-    """A dispatcher as the run loop builds it (``prefetch`` and ``overlap_rounds``), with
-    ``handler`` for ``orders.placed``."""
-    registry.register_handler("orders.placed", handler, key="overlap-test")
-    return OutboxDispatcher(
-        db,
-        registry,
-        clock=clock,
-        batch_size=batch_size,
-        max_concurrency=max_concurrency,
-        prefetch=True,
-        overlap_rounds=True,
-    )

@@ -24,7 +24,7 @@ from engine.errors import EventHandlerPermanentError
 from engine.pauses import pause
 from engine.schema import outbox_events
 
-from .conftest import rows, run_loop_dispatcher
+from .conftest import rows
 from .test_relay_prefetch import (
     assert_a_stop_hands_back_what_was_claimed_ahead,
     assert_each_key_in_order,
@@ -195,6 +195,20 @@ async def test_sqlite_claims_nothing_ahead(sqlite_db, registry, clock):
     assert held(await rows(db)) == []
 
 
+def sqlite_run_loop_dispatcher(db, registry, clock, handler, *, batch_size=3):
+    """A dispatcher as the run loop builds it (``prefetch`` and ``overlap_rounds``)."""
+    registry.register_handler("orders.placed", handler, key="prefetch-test")
+    return OutboxDispatcher(
+        db,
+        registry,
+        clock=clock,
+        batch_size=batch_size,
+        max_concurrency=3,
+        prefetch=True,
+        overlap_rounds=True,
+    )
+
+
 async def test_sqlite_run_loop_claims_the_next_batch_then_writes_behind_it(
     sqlite_db, registry, clock, monkeypatch
 ):
@@ -226,7 +240,7 @@ async def test_sqlite_run_loop_claims_the_next_batch_then_writes_behind_it(
         await real_commit(connection)
 
     monkeypatch.setattr(aiosqlite.Connection, "commit", slow_commit)
-    dispatcher = run_loop_dispatcher(db, registry, clock, handler)
+    dispatcher = sqlite_run_loop_dispatcher(db, registry, clock, handler)
     first_round = await dispatcher.dispatch_once()
     assert first_round.claimed == 3
     assert set(ids[3:]) <= set(held(await rows(reader)))  # the next batch is claimed
@@ -261,7 +275,7 @@ async def test_sqlite_run_loop_keeps_keys_one_in_flight_and_in_order(sqlite_db, 
             if key is not None:
                 in_flight.remove(key)
 
-    dispatcher = run_loop_dispatcher(db, registry, clock, handler, batch_size=4)
+    dispatcher = sqlite_run_loop_dispatcher(db, registry, clock, handler, batch_size=4)
     await drain_all(db, dispatcher)
     assert Counter(calls) == Counter(ids)
     assert overlaps == 0

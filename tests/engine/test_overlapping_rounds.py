@@ -14,9 +14,9 @@ from collections import Counter
 
 import pytest
 
-from engine import DispatchResult, store
+from engine import DispatchResult, OutboxDispatcher, store
 
-from .conftest import rows, run_loop_dispatcher
+from .conftest import rows
 from .test_delivery_prefetch import fresh, key_for
 from .test_relay_prefetch import (
     assert_each_key_in_order,
@@ -64,10 +64,23 @@ class SlowFirst:
             self.ended.append(envelope.event_id)
 
 
+def overlapping(db, registry, clock, handler, *, batch_size=3, max_concurrency=3):
+    registry.register_handler("orders.placed", handler, key="overlap-test")
+    return OutboxDispatcher(
+        db,
+        registry,
+        clock=clock,
+        batch_size=batch_size,
+        max_concurrency=max_concurrency,
+        prefetch=True,
+        overlap_rounds=True,
+    )
+
+
 async def test_the_next_round_runs_beside_a_slow_call_within_max_concurrency(db, registry, clock):
     ids = await publish(db, registry, 6)
     handler = SlowFirst()
-    dispatcher = run_loop_dispatcher(db, registry, clock, handler)
+    dispatcher = overlapping(db, registry, clock, handler)
 
     first = await dispatcher.dispatch_once()  # returns with the slow call still in flight
     assert first.claimed == 3
@@ -91,7 +104,7 @@ async def test_the_next_round_runs_beside_a_slow_call_within_max_concurrency(db,
 async def test_a_round_that_cannot_hand_off_waits_as_before(db, registry, clock):
     ids = await publish(db, registry, 3)  # one batch: nothing to claim ahead
     handler = SlowFirst()
-    dispatcher = run_loop_dispatcher(db, registry, clock, handler)
+    dispatcher = overlapping(db, registry, clock, handler)
     asyncio.get_running_loop().call_later(0.2, handler.release.set)
     assert await dispatcher.dispatch_once() == DispatchResult(claimed=3, published=3)
     assert handler.ended[-1] == ids[0]
@@ -102,7 +115,7 @@ async def test_a_stop_waits_for_the_round_behind_and_hands_back_the_batch_ahead(
 ):
     ids = await publish(db, registry, 9)
     handler = SlowFirst()
-    dispatcher = run_loop_dispatcher(db, registry, clock, handler)
+    dispatcher = overlapping(db, registry, clock, handler)
     first = await dispatcher.dispatch_once()
     assert first.claimed == 3  # handed off: ids[3:6] held
     by_id = {r["id"]: r for r in await rows(db)}
@@ -121,7 +134,7 @@ async def test_a_stop_waits_for_the_round_behind_and_hands_back_the_batch_ahead(
 async def test_a_write_that_fails_behind_is_raised_by_the_next_round(db, registry, clock):
     ids = await publish(db, registry, 9)
     handler = SlowFirst()
-    dispatcher = run_loop_dispatcher(db, registry, clock, handler)
+    dispatcher = overlapping(db, registry, clock, handler)
     assert (await dispatcher.dispatch_once()).claimed == 3
     complete = dispatcher._complete
 
@@ -171,7 +184,7 @@ async def test_keys_stay_one_in_flight_and_in_order_with_rounds_overlapping(db, 
             if key is not None:
                 in_flight.remove(key)
 
-    dispatcher = run_loop_dispatcher(db, registry, clock, handler, batch_size=4, max_concurrency=4)
+    dispatcher = overlapping(db, registry, clock, handler, batch_size=4, max_concurrency=4)
     await drain_all(db, dispatcher)
     assert Counter(calls) == Counter(ids)
     assert overlaps == 0
@@ -182,7 +195,7 @@ async def test_a_round_whose_write_failed_does_not_hand_off(db, registry, clock)
     ids = await publish(db, registry, 6)
     handler = SlowFirst()
     # two at once: ids[1]'s outcome is written (and refused) while ids[2] still runs
-    dispatcher = run_loop_dispatcher(db, registry, clock, handler, max_concurrency=2)
+    dispatcher = overlapping(db, registry, clock, handler, max_concurrency=2)
     complete = dispatcher._complete
 
     async def refused(outcomes):
@@ -202,7 +215,7 @@ async def test_a_round_whose_write_failed_does_not_hand_off(db, registry, clock)
 async def test_a_cancelled_stop_leaves_no_round_running_behind(db, registry, clock):
     ids = await publish(db, registry, 12)
     handler = SlowFirst(slow_ids=frozenset({ids[0], ids[3]}))
-    dispatcher = run_loop_dispatcher(db, registry, clock, handler)
+    dispatcher = overlapping(db, registry, clock, handler)
     assert (await dispatcher.dispatch_once()).claimed == 3  # handed off, ids[0] behind
     assert (await dispatcher.dispatch_once()).claimed == 3  # and ids[3]: two rounds behind
     assert {ids[0], ids[3]} <= set(handler.started) - set(handler.ended)
@@ -219,7 +232,7 @@ async def test_a_cancelled_stop_leaves_no_round_running_behind(db, registry, clo
 async def test_completions_in_doubt_added_while_others_are_settled_are_kept(db, registry, clock):
     """A round finishing behind may fail a write while the next round asks which earlier
     writes landed: its rows are asked about next time, not forgotten."""
-    dispatcher = run_loop_dispatcher(db, registry, clock, SlowFirst())
+    dispatcher = overlapping(db, registry, clock, SlowFirst())
     dispatcher._in_doubt["asked"] = 1
     landed = store.completions_landed
 
@@ -242,7 +255,7 @@ async def test_a_stop_whose_hand_back_fails_still_reports_the_round_behind(
     and a completion in doubt that did land is still counted."""
     ids = await publish(db, registry, 9)
     handler = SlowFirst()
-    dispatcher = run_loop_dispatcher(db, registry, clock, handler)
+    dispatcher = overlapping(db, registry, clock, handler)
     first = await dispatcher.dispatch_once()  # handed off: ids[0] behind, ids[3:6] ahead
     complete = dispatcher._complete
 
