@@ -27,10 +27,7 @@ it for the next round only if every event was published; otherwise, and on stop
 loop's too), a round whose events have all started, clean so far, hands off once that
 batch is claimed: the next round starts beside its last calls, which finish behind it
 within the same ``max_concurrency``, so one slow handler holds a slot, not the
-dispatcher. On SQLite (one writer, so no claim beside the round's own writes) the
-run loop's round instead claims the next batch once its handlers have all returned,
-then writes its completions behind it, while that batch is decoded and delivered.
-See docs/dispatcher.md.
+dispatcher. See docs/dispatcher.md.
 """
 
 from __future__ import annotations
@@ -306,20 +303,8 @@ class OutboxDispatcher:
             and lock_provider is None
             and external_publisher is None
         )
-        # SQLite's counterpart (the run loop's): claim the next batch once a round's
-        # handlers have all returned, then write the round's completions behind it, in
-        # aiosqlite's thread while the event loop decodes and delivers that batch. Each
-        # write still waits for the one before it: SQLite has one write lock.
-        self._writes_behind = (
-            overlap_rounds
-            and prefetch
-            and engine.dialect.name == "sqlite"
-            and lock_provider is None
-            and external_publisher is None
-        )
-        # Rounds finishing behind: the task writing each one's last outcomes, and its
-        # workers (None: a SQLite round whose handlers had all returned).
-        self._behind: list[tuple[asyncio.Task[None], _Workers | None]] = []
+        # Rounds finishing behind: the task writing each one's last outcomes, and its workers.
+        self._behind: list[tuple[asyncio.Task[None], _Workers]] = []
         self._behind_error: Exception | None = None
         # Counts no round has returned yet (see report_unreported).
         self._unreported = DispatchResult()
@@ -425,8 +410,7 @@ class OutboxDispatcher:
         return store.ClaimScope(frozenset(self.served_types) - paused.event_types, paused.pairs)
 
     async def _round(self, stop: asyncio.Event | None) -> DispatchResult:
-        # A SQLite round that claims must first let the writes behind release the lock.
-        await self._join_behind(wait=self._writes_behind and self._prefetched is None)
+        await self._join_behind(wait=False)
         if self._behind_error is not None:  # the round behind could not write its outcomes
             error, self._behind_error = self._behind_error, None
             held, self._prefetched = self._prefetched, None
@@ -446,8 +430,6 @@ class OutboxDispatcher:
         if not batch.rows:
             return DispatchResult()
         completions = _Completions(self, len(batch.rows))
-        if self._writes_behind:
-            completions.hold()  # until the next batch is claimed (_claim_then_write_behind)
         completions.add_all(batch.undeliverable)
         stopping = stop is not None and stop.is_set()
         try:
@@ -490,13 +472,12 @@ class OutboxDispatcher:
 
     def _calls_behind(self) -> int:
         """Handler calls in flight in the rounds finishing behind."""
-        return sum(workers.in_calls for _task, workers in self._behind if workers is not None)
+        return sum(workers.in_calls for _task, workers in self._behind)
 
-    async def _finish_behind(self, workers: _Workers | None, completions: _Completions) -> None:
+    async def _finish_behind(self, workers: _Workers, completions: _Completions) -> None:
         """The last handlers of a round that handed off: await them, write their outcomes."""
         try:
-            if workers is not None:
-                await workers.finish()
+            await workers.finish()
         finally:
             try:
                 await completions.close()
@@ -563,9 +544,7 @@ class OutboxDispatcher:
                     may_hand_off if self.overlap_rounds else None,
                     progress,
                 )
-                if behind is None and self._writes_behind:
-                    handed_off = await self._claim_then_write_behind(batch, completions, stop)
-                elif behind is not None:
+                if behind is not None:
                     assert upcoming is not None  # may_hand_off saw it claimed
                     self._prefetched = upcoming.result()
                     finishing = asyncio.create_task(self._finish_behind(behind, completions))
@@ -575,33 +554,6 @@ class OutboxDispatcher:
             if not handed_off:
                 await self._close_round(batch, completions, upcoming, stop)
         return handed_off
-
-    async def _claim_then_write_behind(
-        self, batch: _Batch, completions: _Completions, stop: asyncio.Event | None
-    ) -> bool:
-        """SQLite: every handler of the round has returned; claim the next batch, then let
-        the round's completions be written behind it (True: handed off).
-
-        Only after a clean round that is not stopping, as a batch claimed ahead anywhere:
-        otherwise the completions are written behind with nothing claimed. Either waits
-        for the writes of the round before first (one write lock, so no busy wait). The
-        claim leaves this round's rows in flight, so their keys stay blocked until those
-        completions commit.
-        """
-        try:
-            await self._join_behind(wait=True)
-            clean = completions.setbacks == len(batch.undeliverable)
-            stopping = stop is not None and stop.is_set()
-            # After a write that failed behind, nothing: the next round raises its error.
-            if clean and not stopping and self._behind_error is None:
-                upcoming = await self._claim()
-                if upcoming.rows:
-                    self._prefetched = upcoming
-        finally:
-            completions.release()
-        writing = asyncio.create_task(self._finish_behind(None, completions))
-        self._behind.append((writing, None))
-        return True
 
     async def _close_round(
         self,
@@ -1316,7 +1268,6 @@ class _Completions:
         self.setbacks = 0
         self.result = DispatchResult(claimed=claimed)
         self._writer: asyncio.Task[None] | None = None
-        self._held: asyncio.Event | None = None  # set: the writes may start
 
     def add(self, outcome: _Outcome) -> None:
         self._outcomes.append(outcome)
@@ -1337,17 +1288,8 @@ class _Completions:
         for outcome in outcomes:
             self.add(outcome)
 
-    def hold(self) -> None:
-        """Write nothing until ``release`` (or ``close``): SQLite's round claims first."""
-        self._held = asyncio.Event()
-
-    def release(self) -> None:
-        if self._held is not None:
-            self._held.set()
-
     async def close(self) -> None:
         """Write what is left; raise the first storage error of the round, if any."""
-        self.release()
         self._closing = True
         self._arrived.set()
         if self._writer is not None:
@@ -1357,8 +1299,6 @@ class _Completions:
             raise self._error
 
     async def _write_loop(self) -> None:
-        if self._held is not None:
-            await self._held.wait()
         while True:
             await self._arrived.wait()
             await asyncio.sleep(0)  # let outcomes that are ready now join this write

@@ -4,9 +4,7 @@ On PostgreSQL a round that took a full batch claims the next one beside its hand
 no round starts by waiting for its claim. The rows held ahead keep every guarantee of a
 claim: fenced, handed back unattempted (no attempt spent) unless every event of the round
 they wait behind was published, one event per ordering key in flight, each key in order.
-SQLite has one writer, so a dispatcher there never claims beside its own completions;
-the run loop's round there claims the next batch once its handlers have all returned and
-writes its completions behind that claim.
+SQLite has one writer, so a dispatcher there never claims ahead of its own completions.
 """
 
 from __future__ import annotations
@@ -14,15 +12,11 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
-import aiosqlite
 import pytest
-from sqlalchemy import select
 
 from engine import DispatchResult, OutboxDispatcher, create_engine, create_schema
-from engine.database import read_only_engine
 from engine.errors import EventHandlerPermanentError
 from engine.pauses import pause
-from engine.schema import outbox_events
 
 from .conftest import rows
 from .test_relay_prefetch import (
@@ -193,93 +187,6 @@ async def test_sqlite_claims_nothing_ahead(sqlite_db, registry, clock):
     dispatcher = dispatcher_for(db, registry, clock, handler)
     assert (await dispatcher.dispatch_once()).published == 2
     assert held(await rows(db)) == []
-
-
-def sqlite_run_loop_dispatcher(db, registry, clock, handler, *, batch_size=3):
-    """A dispatcher as the run loop builds it (``prefetch`` and ``overlap_rounds``)."""
-    registry.register_handler("orders.placed", handler, key="prefetch-test")
-    return OutboxDispatcher(
-        db,
-        registry,
-        clock=clock,
-        batch_size=batch_size,
-        max_concurrency=3,
-        prefetch=True,
-        overlap_rounds=True,
-    )
-
-
-async def test_sqlite_run_loop_claims_the_next_batch_then_writes_behind_it(
-    sqlite_db, registry, clock, monkeypatch
-):
-    """The run loop's SQLite round: once its handlers have all returned, it claims the next
-    batch, and its completions are written behind that claim while the next batch is
-    delivered (commits slowed down here, so the next round's handlers see them pending)."""
-    db = sqlite_db
-    ids = await publish(db, registry, 6)
-    first = set(ids[:3])
-    reader = read_only_engine(db)
-    seen_first: list[str] = []  # statuses of the first batch's rows, from the second's calls
-    calls: list[str] = []
-
-    async def handler(envelope):
-        calls.append(envelope.event_id)
-        if envelope.event_id not in first:
-            async with reader.connect() as conn:
-                found = await conn.execute(
-                    select(outbox_events.c.id, outbox_events.c.status).where(
-                        outbox_events.c.id.in_(first)
-                    )
-                )
-                seen_first.extend(status for _id, status in found)
-
-    real_commit = aiosqlite.Connection.commit
-
-    async def slow_commit(connection):
-        await asyncio.sleep(0.05)
-        await real_commit(connection)
-
-    monkeypatch.setattr(aiosqlite.Connection, "commit", slow_commit)
-    dispatcher = sqlite_run_loop_dispatcher(db, registry, clock, handler)
-    first_round = await dispatcher.dispatch_once()
-    assert first_round.claimed == 3
-    assert set(ids[3:]) <= set(held(await rows(reader)))  # the next batch is claimed
-    second_round = await dispatcher.dispatch_once()
-    await dispatcher.release_prefetched()
-    assert "publishing" in seen_first  # the first batch was still being written behind
-    assert Counter(calls) == Counter(ids)
-    assert {r["status"] for r in await rows(db)} == {"published"}
-    # Every completion is counted once, by the round after the one it belongs to at most.
-    total = first_round + second_round + await dispatcher.report_unreported()
-    assert total.published == 6
-
-
-async def test_sqlite_run_loop_keeps_keys_one_in_flight_and_in_order(sqlite_db, registry, clock):
-    db = sqlite_db
-    ids = await publish(db, registry, 24, key=key_for)
-    key_of = {event_id: key_for(i) for i, event_id in enumerate(ids)}
-    calls: list[str] = []
-    in_flight: list[str] = []
-    overlaps = 0
-
-    async def handler(envelope):
-        nonlocal overlaps
-        calls.append(envelope.event_id)
-        key = key_of[envelope.event_id]
-        overlaps += key is not None and key in in_flight
-        if key is not None:
-            in_flight.append(key)
-        try:
-            await asyncio.sleep(0.005)
-        finally:
-            if key is not None:
-                in_flight.remove(key)
-
-    dispatcher = sqlite_run_loop_dispatcher(db, registry, clock, handler, batch_size=4)
-    await drain_all(db, dispatcher)
-    assert Counter(calls) == Counter(ids)
-    assert overlaps == 0
-    assert_each_key_in_order(calls, ids, key_of)
 
 
 def key_for(i: int) -> str | None:
