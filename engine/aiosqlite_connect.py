@@ -60,10 +60,10 @@ async def connect_aiosqlite(*args: Any, **kwargs: Any) -> OneTripConnection:
 class OneTripConnection:
     """An aiosqlite connection whose cursors take one trip to its thread per statement.
 
-    Everything but ``cursor()`` is aiosqlite's own (SQLAlchemy's adapter also reaches
-    into its queue and its sqlite3 connection, so those stay reachable as they were).
-    Work in the thread goes through aiosqlite's ``_execute``, the one queue that keeps
-    every call on the connection in order.
+    Beside ``cursor()``, ``begin`` and ``rollback`` are its own; everything else is
+    aiosqlite's (SQLAlchemy's adapter also reaches into its queue and its sqlite3
+    connection, so those stay reachable as they were). Work in the thread goes through
+    ``_in_thread``.
     """
 
     def __init__(self, connection: aiosqlite.Connection) -> None:
@@ -87,9 +87,7 @@ class OneTripConnection:
         that long for the write lock, after which the ``usual`` busy timeout is back (also
         when the wait ran out). Three statements, one trip: a dispatcher's claim begins so.
         """
-        await self._aiosqlite._execute(  # type: ignore[no-untyped-call]
-            self._begin, f"BEGIN {mode}", busy_timeout, usual
-        )
+        await _in_thread(self._aiosqlite, self._begin, f"BEGIN {mode}", busy_timeout, usual)
 
     def _begin(self, begin: str, busy_timeout: float | None, usual: float) -> None:
         connection = self._aiosqlite._conn
@@ -101,6 +99,14 @@ class OneTripConnection:
             connection.execute(begin).close()
         finally:
             connection.execute(f"PRAGMA busy_timeout={int(usual * 1000)}").close()
+
+
+async def _in_thread(
+    connection: aiosqlite.Connection, work: Callable[..., None], *args: Any
+) -> None:
+    """Run ``work`` on the connection's thread through aiosqlite's ``_execute``: the one
+    queue that keeps every call on the connection in order."""
+    await connection._execute(work, *args)  # type: ignore[no-untyped-call]
 
 
 class _Opening:
@@ -140,28 +146,28 @@ class OneTripCursor:
 
     async def execute(self, sql: str, parameters: Any = ()) -> OneTripCursor:
         await self.close()
-        await self._in_thread(self._run, sql, parameters)
+        await _in_thread(self._connection, self._run, sql, parameters)
         return self
 
     async def executemany(self, sql: str, parameters: Iterable[Any]) -> OneTripCursor:
         await self.close()
-        await self._in_thread(self._run_many, sql, parameters)
+        await _in_thread(self._connection, self._run_many, sql, parameters)
         return self
 
     async def fetchone(self) -> Any:
         if not self._rows and self._open is not None:
-            await self._in_thread(self._fetch, 1)
+            await _in_thread(self._connection, self._fetch, 1)
         return self._rows.popleft() if self._rows else None
 
     async def fetchmany(self, size: int | None = None) -> list[Any]:
         wanted = self.arraysize if size is None else size
         if len(self._rows) < wanted and self._open is not None:
-            await self._in_thread(self._fetch, wanted - len(self._rows))
+            await _in_thread(self._connection, self._fetch, wanted - len(self._rows))
         return [self._rows.popleft() for _ in range(min(wanted, len(self._rows)))]
 
     async def fetchall(self) -> list[Any]:
         if self._open is not None:
-            await self._in_thread(self._fetch, None)
+            await _in_thread(self._connection, self._fetch, None)
         rows = list(self._rows)
         self._rows.clear()
         return rows
@@ -169,17 +175,13 @@ class OneTripCursor:
     async def close(self) -> None:
         self._rows.clear()
         if self._open is not None:
-            await self._in_thread(self._close)
+            await _in_thread(self._connection, self._close)
 
     async def __aenter__(self) -> OneTripCursor:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
-
-    async def _in_thread(self, work: Callable[..., None], *args: Any) -> None:
-        """Run ``work`` on the connection's thread, in order with its other calls."""
-        await self._connection._execute(work, *args)  # type: ignore[no-untyped-call]
 
     # -- in the connection's thread ------------------------------------------------------
 
