@@ -6,9 +6,11 @@ that the harness sets per run:
 ``OUTBOX_BENCH_SLEEP_MS``  the handler awaits ``asyncio.sleep`` this long (default 0: no-op)
 ``OUTBOX_BENCH_LOG_DIR``   append ``<event id>\\t<unix time in ns at handler start>`` per call to
                            ``calls.<pid>.tsv`` there (duplicates, counts, wake-up latency)
-``OUTBOX_BENCH_SYNC_DIR``  in ``register()``: create ``ready.<pid>`` there, then block until
-                           a file ``go`` appears, so every process starts draining at once
-                           and the clock does not include Python's start-up
+``OUTBOX_BENCH_SYNC_DIR``  once the dispatcher is up (``EventRegistry.on_ready``: its
+                           database open and checked, before its first claim): create
+                           ``ready.<pid>`` there, then wait until a file ``go`` appears, so
+                           every process starts draining at once and the clock does not
+                           include its start-up (imports, connecting, the schema check)
 """
 
 from __future__ import annotations
@@ -42,14 +44,33 @@ class CallLog:
         self._file.write(f"{event_id}\t{time.time_ns()}\n")
 
 
-def wait_for_go(directory: str, timeout: float = GO_TIMEOUT_SECONDS) -> None:
+def _report_ready(directory: str) -> Path:
+    """Create ``ready.<pid>`` in the sync directory; returns the go file to wait for."""
     sync = Path(directory)
     (sync / f"ready.{os.getpid()}").touch()
+    return sync / "go"
+
+
+def wait_for_go(directory: str, timeout: float = GO_TIMEOUT_SECONDS) -> None:
+    go = _report_ready(directory)
     deadline = time.monotonic() + timeout
-    while not (sync / "go").exists():
+    while not go.exists():
         if time.monotonic() > deadline:
-            raise RuntimeError(f"no go signal in {sync} after {timeout:g} s")
+            raise RuntimeError(f"no go signal in {directory} after {timeout:g} s")
         time.sleep(0.002)
+
+
+async def await_go(directory: str) -> None:
+    """``wait_for_go`` on a running event loop: a SIGTERM meanwhile still stops the run."""
+    go = _report_ready(directory)
+    try:
+        async with asyncio.timeout(GO_TIMEOUT_SECONDS):
+            while True:  # a file, not an event: polled, as producers.py polls it
+                if go.exists():
+                    return
+                await asyncio.sleep(0.002)
+    except TimeoutError:
+        raise RuntimeError(f"no go signal in {directory} after {GO_TIMEOUT_SECONDS:g} s") from None
 
 
 def register(registry: EventRegistry) -> None:
@@ -67,4 +88,4 @@ def register(registry: EventRegistry) -> None:
     registry.register_handler(EVENT_TYPE, handle, key=HANDLER_KEY)
     sync_dir = os.environ.get("OUTBOX_BENCH_SYNC_DIR")
     if sync_dir:
-        wait_for_go(sync_dir)
+        registry.on_ready(lambda: await_go(sync_dir))

@@ -21,6 +21,7 @@ from engine.errors import (
 )
 
 Handler = Callable[[EventEnvelope], Awaitable[Any]]
+ReadyHook = Callable[[], Awaitable[None]]
 FieldType = type | tuple[type, ...]
 SubjectSelector = Callable[[Any], str]
 #: "aggregate" orders by ``aggregate_type:aggregate_id``; a callable picks the key from the payload.
@@ -159,6 +160,7 @@ class EventRegistry:
         self._handlers: dict[str, tuple[RegisteredHandler, ...]] = {}
         self._domain_events: dict[type, DomainEventMapping] = {}
         self._ordering: dict[str, Ordering] = {}
+        self._ready_hooks: list[ReadyHook] = []
 
     # -- event types -----------------------------------------------------
     def register_event(
@@ -314,6 +316,23 @@ class EventRegistry:
             return fn
 
         return decorate
+
+    # -- start-up -------------------------------------------------------
+    def on_ready(self, hook: ReadyHook) -> ReadyHook:
+        """Have every run loop (``--dispatch``, the console's dispatcher, ``run_dispatcher``)
+        await ``hook()`` once its database is open and checked, before its first claim.
+
+        For set-up that needs the running event loop (a client session the handlers
+        share), or to tell a supervisor the dispatcher is ready. A hook that raises stops
+        the run before anything is claimed. Usable as a decorator.
+        """
+        if not callable(hook):
+            raise EventRegistrationError("on_ready takes a callable that returns an awaitable")
+        self._ready_hooks.append(hook)
+        return hook
+
+    def ready_hooks(self) -> tuple[ReadyHook, ...]:
+        return tuple(self._ready_hooks)
 
     def handlers_for(self, event_type: str) -> tuple[RegisteredHandler, ...]:
         """The handlers of ``event_type`` in registration order (a tuple: no copy per call)."""

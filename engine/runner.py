@@ -52,7 +52,7 @@ from engine.dispatcher import (
     OutboxDispatcher,
     default_dispatcher_id,
 )
-from engine.errors import StorageError
+from engine.errors import InstalledAppError, StorageError
 from engine.heartbeat import Heartbeat
 from engine.idempotency import IdempotencyStore
 from engine.locks import lock_provider_for
@@ -401,6 +401,14 @@ class _RunLoop:
                 await self.heartbeat.beat(self._details(), force=True)
             except STORAGE_ERRORS as exc:
                 self._storage_failed(exc, "heartbeat")
+        for hook in self.dispatcher.registry.ready_hooks():
+            try:
+                await hook()
+            except Exception as exc:
+                name = getattr(hook, "__qualname__", repr(hook))
+                raise InstalledAppError(
+                    f"the ready hook {name} failed: {type(exc).__name__}: {exc}"
+                ) from exc
 
     async def _stop(self) -> None:
         try:

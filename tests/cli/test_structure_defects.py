@@ -131,3 +131,31 @@ def test_an_installed_app_that_exits_while_importing_is_one_line(cli: Cli) -> No
     result.assert_one_error_line(
         "installed app 'quitting_app' failed while importing: SystemExit: 3", status=2
     )
+
+
+@sqlite_only
+def test_an_installed_apps_failing_ready_hook_stops_dispatch_in_one_line(
+    cli: Cli, orders_url: str
+) -> None:
+    """``registry.on_ready``: the hook runs once the dispatcher is up; its failure ends
+    ``--dispatch`` before the first claim, as a configuration error."""
+    (cli.cwd / "cold_app.py").write_text(
+        f"from {APP} import register as register_orders\n\n\n"
+        "def register(registry):\n"
+        "    register_orders(registry)\n\n"
+        "    @registry.on_ready\n"
+        "    async def warm_up():\n"
+        "        raise RuntimeError('the cache is unreachable')\n"
+    )
+    env = {"OUTBOX_DATABASE_URL": orders_url}
+    result = cli("--dispatch", "--installed-app", "cold_app", env=env)
+    assert result.returncode == 2, result
+    assert "Traceback" not in result.stderr, result.stderr
+    started, failed = result.stderr.splitlines()  # the start line, then the error
+    assert started.startswith("dispatching as "), started
+    assert failed == (
+        "outbox-tui: error: the ready hook register.<locals>.warm_up failed: RuntimeError: "
+        "the cache is unreachable"
+    )
+    published = cli("stats", "--json", env=env).json()
+    assert published["counts"]["publishing"] == 0, published
