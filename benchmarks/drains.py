@@ -190,10 +190,11 @@ def floor_script(batch: int, *, order_by: str, unordered_only: bool) -> str:
     The claim is ``claim_batch`` for PostgreSQL (an abandoned row first, else up to
     ``batch`` due rows, ``FOR UPDATE SKIP LOCKED``, the update finding them by address,
     the columns it returns). pgbench keeps one row of a result, so the claimed rows come
-    back as arrays: their ids and versions, which the completion takes as
-    ``mark_published`` does (word for word, with ``now()`` and this client's holder for
-    its parameters), and every returned column, as the dispatcher reads them (an empty
-    claim gives empty arrays: the nulls of array_agg over no rows failed pgbench). With
+    back aggregated: their ids and versions as the strings the completion takes, as
+    ``mark_published`` does (word for word, with ``now()``, this client's holder and
+    U+001F for its parameters), and every returned column as an array, as the dispatcher
+    reads them (an empty claim gives empty strings and arrays: the nulls of an aggregate
+    over no rows failed pgbench). With
     ``seq`` ordering, each client keeps the claim's keyset floor as a dispatcher does
     (``:seq_floor``, from ``-D seq_floor=0``): after a full batch, the next claim starts
     after its last row; otherwise at 0.
@@ -212,6 +213,7 @@ def floor_script(batch: int, *, order_by: str, unordered_only: bool) -> str:
         .replace(":dispatcher_id", holder)
         .replace(":ids", ":claimed_ids")
         .replace(":versions", ":claimed_versions")
+        .replace(":separator", "chr(31)")
     )
     return f"""WITH abandoned AS (
   SELECT ctid AS ref FROM outbox_events WHERE locked_until IS NOT NULL AND locked_until < now()
@@ -231,8 +233,8 @@ def floor_script(batch: int, *, order_by: str, unordered_only: bool) -> str:
   WHERE ctid = ANY(ARRAY(SELECT ref FROM abandoned UNION ALL SELECT ref FROM waiting))
   RETURNING {", ".join(store.CLAIM_RETURNS)}, payload
 )
-SELECT coalesce(array_agg(id), '{{}}') AS claimed_ids,
-  coalesce(array_agg(claim_version), '{{}}') AS claimed_versions,
+SELECT coalesce(string_agg(id, chr(31)), '') AS claimed_ids,
+  coalesce(string_agg(claim_version::text, ','), '') AS claimed_versions,
   coalesce(array_agg(claimed), '{{}}') AS claimed_rows{next_floor}
 FROM claimed
 \\gset

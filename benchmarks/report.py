@@ -275,7 +275,7 @@ HOW_TO_READ = [
     "  compares the fastest of each per repeat: the best batch is not the same for both",
     "  (ours: about twice `--max-concurrency`; pgqueuer's rate barely moves).",
     "- The SQL floor is pgbench with 2 clients running `engine.store`'s claim statement",
-    "  (same CTEs, `FOR UPDATE SKIP LOCKED`, the columns it returns, as arrays: pgbench",
+    "  (same CTEs, `FOR UPDATE SKIP LOCKED`, the columns it returns, aggregated: pgbench",
     "  keeps one row) and `mark_published`'s statement on the ids the claim returned, one",
     "  commit each, on the same preloaded table: the drain with no Python.",
     "- The relay compares one dispatcher relaying to a bound durable queue against aio-pika",

@@ -21,6 +21,7 @@ write lock makes select-and-update atomic across processes.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,7 +29,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
-    Integer,
     Text,
     TextClause,
     and_,
@@ -825,8 +825,12 @@ def _held(fence: Fence) -> Any:
 _RELEASE_LOCK = {"locked_by": None, "locked_until": None}
 
 
-# PostgreSQL: the batch's claims travel as two arrays, so the statement text is the same
-# for every batch and compiles (and is prepared) once. An IN list of (id, claim_version)
+# PostgreSQL: the batch's claims travel as two strings (the ids joined by a character none
+# of them holds, the versions by commas), so the statement text is the same for every batch
+# and compiles (and is prepared) once, and the ids it published come back as one string.
+# As two arrays, asyncpg tested each element against abstract base classes while encoding
+# them (0.59 against 0.17 µs of Python a claim, a 500-claim statement timed alone), and
+# SQLAlchemy processed one returned row per id. An IN list of (id, claim_version)
 # pairs is compiled anew for every batch, which cost more than the update. Each claim is
 # looked up on its own (a LATERAL subquery with a LIMIT is never merged into a join), so
 # the only way to it is the primary key: joined to the arrays, the planner was free to
@@ -840,12 +844,16 @@ _RELEASE_LOCK = {"locked_by": None, "locked_until": None}
 # (tests/engine/test_fencing.py: the takeover that commits while the completion waits).
 _PUBLISH_PG = (
     text(
-        f"""UPDATE outbox_events SET
+        f"""WITH published AS (
+UPDATE outbox_events SET
     status = '{PUBLISHED}', published_at = :now, last_error = NULL, next_retry_at = NULL,
     locked_by = NULL, locked_until = NULL
 WHERE ctid = ANY(ARRAY(
     SELECT held.ref
-    FROM unnest(CAST(:ids AS varchar[]), CAST(:versions AS integer[])) AS c(id, claim_version)
+    FROM unnest(
+        CAST(string_to_array(:ids, :separator) AS varchar[]),
+        CAST(string_to_array(:versions, ',') AS integer[])
+    ) AS c(id, claim_version)
     CROSS JOIN LATERAL (
         SELECT e.ctid AS ref FROM outbox_events AS e
         WHERE e.id = c.id AND e.claim_version = c.claim_version
@@ -854,15 +862,29 @@ WHERE ctid = ANY(ARRAY(
         LIMIT 1 FOR UPDATE
     ) AS held
 ))
-RETURNING id"""
-    )
-    .bindparams(
-        bindparam("now", type_=UtcDateTime()),
-        bindparam("ids", type_=ARRAY(Text)),
-        bindparam("versions", type_=ARRAY(Integer)),
-    )
-    .columns(column("id", Text))
+RETURNING id
 )
+SELECT string_agg(id, :separator) AS ids FROM published"""
+    )
+    .bindparams(bindparam("now", type_=UtcDateTime()))
+    .columns(column("ids", Text))
+)
+
+
+def joined_ids(ids: Sequence[str]) -> tuple[str, str]:
+    """``ids`` as one string, and the separator between them: a character none holds.
+
+    The unit separator (U+001F) as good as always; a batch with an id that holds it (text
+    written with plain SQL may) takes the first of the other control characters, then of
+    the code points past the surrogates, that none of its ids holds.
+    """
+    joined = "\x1f".join(ids)
+    if joined.count("\x1f") == len(ids) - 1:
+        return joined, "\x1f"
+    used = set("".join(ids))
+    candidates = itertools.chain(range(0x1E, 0, -1), range(0xE000, 0x110000))
+    separator = next(chr(c) for c in candidates if chr(c) not in used)
+    return separator.join(ids), separator
 
 
 # SQLite, likewise: the claims travel as one JSON array of [id, claim_version] pairs
@@ -891,13 +913,16 @@ async def mark_published(
     if not claims:
         return set()
     if conn.dialect.name == "postgresql":
+        ids, separator = joined_ids([event_id for event_id, _version in claims])
         params = {
             "now": fence.now,
             "dispatcher_id": fence.dispatcher_id,
-            "ids": [event_id for event_id, _version in claims],
-            "versions": [version for _event_id, version in claims],
+            "ids": ids,
+            "separator": separator,
+            "versions": ",".join([str(version) for _event_id, version in claims]),
         }
-        return set((await conn.execute(_PUBLISH_PG, params)).scalars())
+        published = (await conn.execute(_PUBLISH_PG, params)).scalar()
+        return set(published.split(separator)) if published else set()
     if not any("\x00" in event_id for event_id, _version in claims):
         params = {
             "now": fence.now,

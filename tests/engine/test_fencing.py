@@ -75,3 +75,41 @@ async def test_a_takeover_that_commits_while_the_completion_waits_is_not_complet
         assert await _status_of(engine, "e1") == ("publishing", "other", 2)
     finally:
         await engine.dispose()
+
+
+async def test_a_batch_whose_ids_hold_the_separator_is_completed_whole(pg_url, clock):
+    """The completion joins a batch's ids into one string; an id written with plain SQL
+    may hold the usual separator (U+001F), and then another one is chosen."""
+    engine = create_engine(pg_url)
+    await create_schema(engine)
+    now = clock()
+    ids = ["plain", "unit\x1fseparated", "record\x1eseparated", "last"]
+    try:
+        async with engine.begin() as conn:
+            for event_id in ids:
+                await conn.execute(
+                    text(
+                        "INSERT INTO outbox_events (id, tenant_id, event_type, event_version, "
+                        "aggregate_type, aggregate_id, payload, status, locked_by, "
+                        "locked_until, claim_version, attempt_count) VALUES (:id, 't', 'x', "
+                        "1, 'o', 'a', '{}', 'publishing', 'd', :until, 1, 1)"
+                    ).bindparams(bindparam("until", type_=UtcDateTime())),
+                    {"id": event_id, "until": now + timedelta(seconds=30)},
+                )
+        async with engine.begin() as conn:
+            published = await store.mark_published(
+                conn, [(event_id, 1) for event_id in ids], store.Fence("d", now)
+            )
+        assert published == set(ids)
+        assert [(await _status_of(engine, i))[0] for i in ids] == ["published"] * len(ids)
+    finally:
+        await engine.dispose()
+
+
+def test_joined_ids_picks_a_separator_no_id_holds():
+    assert store.joined_ids(["a", "b"]) == ("a\x1fb", "\x1f")
+    joined, separator = store.joined_ids(["a\x1f", "b\x1e", "c"])
+    assert separator not in "a\x1fb\x1ec" and joined.split(separator) == ["a\x1f", "b\x1e", "c"]
+    every_control = "".join(chr(c) for c in range(1, 0x20))
+    joined, separator = store.joined_ids([every_control, "x"])
+    assert separator == "\ue000" and joined.split(separator) == [every_control, "x"]

@@ -591,11 +591,12 @@ async def test_the_retention_purge_reads_the_published_at_index_with_statistics_
 
 
 async def test_the_completion_finds_each_claimed_row_through_an_index(db, clock):
-    """One statement text for every batch on both databases (the claims travel as arrays,
-    or as one JSON array on SQLite), and each claim is a probe, never a table scan."""
+    """One statement text for every batch on both databases (the claims travel as two
+    strings, or as one JSON array on SQLite), and each claim is a probe, never a table
+    scan."""
     if db.dialect.name == "postgresql":
         sql = store._PUBLISH_PG.element.text
-        claims = {"ids": ["e-1", "e-2"], "versions": [1, 1]}
+        claims = {"ids": "e-1\x1fe-2", "separator": "\x1f", "versions": "1,1"}
     else:
         sql = store._PUBLISH_SQLITE.text
         claims = {"claims": json.dumps([["e-1", 1], ["e-2", 1]])}
@@ -637,8 +638,16 @@ async def test_fenced_updates_probe_ids_whatever_the_statistics_say_of_rows_in_f
         )
         batch = store._PUBLISH_PG.element.text
         ids = [f"e{i}" for i in range(1, 301)]
-        params = {"now": now, "dispatcher_id": "d", "ids": ids, "versions": [1] * len(ids)}
-        typed = [bindparam("now", type_=UtcDateTime()), bindparam("ids", type_=ARRAY(Text))]
+        joined, separator = store.joined_ids(ids)
+        versions = ",".join(["1"] * len(ids))
+        params = {
+            "now": now,
+            "dispatcher_id": "d",
+            "ids": joined,
+            "separator": separator,
+            "versions": versions,
+        }
+        typed = [bindparam("now", type_=UtcDateTime())]
         async with engine.connect() as conn:
             for mode in ("force_custom_plan", "force_generic_plan"):
                 await conn.exec_driver_sql(f"SET plan_cache_mode = {mode}")
