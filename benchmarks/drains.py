@@ -233,7 +233,7 @@ def floor_script(batch: int, *, order_by: str, unordered_only: bool) -> str:
   WHERE ctid = ANY(ARRAY(SELECT ref FROM abandoned UNION ALL SELECT ref FROM waiting))
   RETURNING {", ".join(store.CLAIM_RETURNS)}, payload
 )
-SELECT coalesce(string_agg(id, chr(31)), '') AS claimed_ids,
+SELECT coalesce(chr(31) || string_agg(id, chr(31)), '') AS claimed_ids,
   coalesce(string_agg(claim_version::text, ','), '') AS claimed_versions,
   coalesce(array_agg(claimed), '{{}}') AS claimed_rows{next_floor}
 FROM claimed

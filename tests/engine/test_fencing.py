@@ -77,13 +77,11 @@ async def test_a_takeover_that_commits_while_the_completion_waits_is_not_complet
         await engine.dispose()
 
 
-async def test_a_batch_whose_ids_hold_the_separator_is_completed_whole(pg_url, clock):
-    """The completion joins a batch's ids into one string; an id written with plain SQL
-    may hold the usual separator (U+001F), and then another one is chosen."""
+async def _complete_held_rows(pg_url: str, ids: list[str], now) -> tuple[set[str], list[str]]:
+    """Rows ``ids`` in flight with dispatcher ``d`` (written with plain SQL), completed as
+    one batch: the ids the completion reports, and each row's status after it."""
     engine = create_engine(pg_url)
     await create_schema(engine)
-    now = clock()
-    ids = ["plain", "unit\x1fseparated", "record\x1eseparated", "last"]
     try:
         async with engine.begin() as conn:
             for event_id in ids:
@@ -100,16 +98,35 @@ async def test_a_batch_whose_ids_hold_the_separator_is_completed_whole(pg_url, c
             published = await store.mark_published(
                 conn, [(event_id, 1) for event_id in ids], store.Fence("d", now)
             )
-        assert published == set(ids)
-        assert [(await _status_of(engine, i))[0] for i in ids] == ["published"] * len(ids)
+        return published, [(await _status_of(engine, i))[0] for i in ids]
     finally:
         await engine.dispose()
 
 
-def test_joined_ids_picks_a_separator_no_id_holds():
-    assert store.joined_ids(["a", "b"]) == ("a\x1fb", "\x1f")
+async def test_a_batch_whose_ids_hold_the_separator_is_completed_whole(pg_url, clock):
+    """The completion joins a batch's ids into one string; an id written with plain SQL
+    may hold the usual separator (U+001F), and then another one is chosen."""
+    ids = ["plain", "unit\x1fseparated", "record\x1eseparated", "last"]
+    published, statuses = await _complete_held_rows(pg_url, ids, clock())
+    assert published == set(ids)
+    assert statuses == ["published"] * len(ids)
+
+
+@pytest.mark.parametrize("ids", [[""], ["", "after"], ["before", ""]])
+async def test_an_empty_id_is_completed_alone_and_in_a_batch(pg_url, clock, ids):
+    """An empty id (plain SQL may write one) is an id like any other: split from the
+    joined string, an empty string would otherwise be no id at all."""
+    published, statuses = await _complete_held_rows(pg_url, ids, clock())
+    assert published == set(ids)
+    assert statuses == ["published"] * len(ids)
+
+
+def test_joined_ids_puts_a_separator_no_id_holds_before_each_id():
+    assert store.joined_ids(["a", "b"]) == ("\x1fa\x1fb", "\x1f")
+    assert store.joined_ids([""]) == ("\x1f", "\x1f")
     joined, separator = store.joined_ids(["a\x1f", "b\x1e", "c"])
-    assert separator not in "a\x1fb\x1ec" and joined.split(separator) == ["a\x1f", "b\x1e", "c"]
+    assert separator not in "a\x1fb\x1ec"
+    assert joined.split(separator) == ["", "a\x1f", "b\x1e", "c"]
     every_control = "".join(chr(c) for c in range(1, 0x20))
     joined, separator = store.joined_ids([every_control, "x"])
-    assert separator == "\ue000" and joined.split(separator) == [every_control, "x"]
+    assert separator == "\ue000" and joined.split(separator) == ["", every_control, "x"]

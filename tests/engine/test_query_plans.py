@@ -596,7 +596,7 @@ async def test_the_completion_finds_each_claimed_row_through_an_index(db, clock)
     scan."""
     if db.dialect.name == "postgresql":
         sql = store._PUBLISH_PG.element.text
-        claims = {"ids": "e-1\x1fe-2", "separator": "\x1f", "versions": "1,1"}
+        claims = {"ids": "\x1fe-1\x1fe-2", "separator": "\x1f", "versions": "1,1"}
     else:
         sql = store._PUBLISH_SQLITE.text
         claims = {"claims": json.dumps([["e-1", 1], ["e-2", 1]])}
