@@ -21,7 +21,7 @@ from sqlalchemy.engine import make_url
 
 from benchmarks import peer_amqp, peer_pgqueuer, support, usage
 from benchmarks.support import Context, Fleet, WorkerFailed
-from engine import store
+from engine.dispatch import store
 
 OURS_APP = "benchmarks.bench_app"
 

@@ -64,7 +64,7 @@ from engine import (
     unit_of_work,
 )
 from engine.clock import uuid7
-from engine.wakeup import (
+from engine.running.wakeup import (
     DEFAULT_CHANNEL,
     DEFAULT_INTERVAL_MS,
     CommitNotifier,

@@ -38,7 +38,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from engine import EventRegistry, OutboxEventPublisher, TaskContext, create_engine, unit_of_work
 from engine.clock import uuid7
-from engine.wakeup import enable_commit_notifications
+from engine.running.wakeup import enable_commit_notifications
 
 EVENT_TYPE = "bench.happened"
 WRITE_MODES = ("plain", "outbox", "statement")

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import OutboxError
-from engine.operations import DispatchSpec, open_dispatcher, run
-from engine.runner import RunSummary
+from engine.running.run_loop import RunSummary
+from engine.service import DispatchSpec, open_dispatcher, run
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,9 +22,10 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from engine.error_groups import DEFAULT_SCAN_LIMIT
-from engine.insights import EventFilter
-from engine.operations import (
+from engine.operating.error_groups import DEFAULT_SCAN_LIMIT
+from engine.operating.insights import EventFilter
+from engine.operating.replay import default_operator
+from engine.service import (
     dedup_check,
     error_groups,
     group_events,
@@ -38,9 +39,8 @@ from engine.operations import (
     replay_of_group,
     skip,
 )
-from engine.replay import default_operator
-from engine.schema import DEAD_LETTER
 from engine.settings import OutboxSettings
+from engine.storage.schema import DEAD_LETTER
 from outbox_tui import PROG, output
 from outbox_tui.cli.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, UsageError
 from outbox_tui.cli.options import (
@@ -358,7 +358,7 @@ def _refuse_outside_window(inv: Invocation, report: ReplayReport) -> int:
 @contextlib.contextmanager
 def _progress(inv: Invocation, *, total: int) -> Iterator[Callable[[int], None]]:
     """A progress bar on a terminal when the replay takes more than one transaction."""
-    from engine.operations import REPLAY_CHUNK
+    from engine.service import REPLAY_CHUNK
 
     if total <= REPLAY_CHUNK or not inv.out.err_console.is_terminal:
         yield lambda _n: None

@@ -11,9 +11,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from engine.operations import open_database, pause_type, resume_type
-from engine.pauses import Pause, describe_scope
-from engine.replay import default_operator
+from engine.operating.pauses import Pause, describe_scope
+from engine.operating.replay import default_operator
+from engine.service import open_database, pause_type, resume_type
 from outbox_tui import PROG, output
 from outbox_tui.cli.errors import EXIT_OK, UsageError
 from outbox_tui.cli.options import Invocation, add_json, subparser

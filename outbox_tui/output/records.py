@@ -10,9 +10,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.error_groups import ErrorGroup, ErrorGroups
-from engine.insights import TYPE_STATUSES, EventSummary, HeartbeatView, OverviewSnapshot, TypeCounts
-from engine.pauses import PausedBacklog
+from engine.operating.error_groups import ErrorGroup, ErrorGroups
+from engine.operating.insights import (
+    TYPE_STATUSES,
+    EventSummary,
+    HeartbeatView,
+    OverviewSnapshot,
+    TypeCounts,
+)
+from engine.operating.pauses import PausedBacklog
 from outbox_tui.output.values import iso, seconds
 
 COUNTERS = ("claimed", "published", "failed", "dead_lettered", "lost_leases")

@@ -13,9 +13,9 @@ from rich.text import Text
 from textual import on, work
 
 from engine.errors import OutboxError
-from engine.insights import EventFilter
-from engine.operations import plan_replay_matching, replay, skip
-from engine.schema import DEAD_LETTER
+from engine.operating.insights import EventFilter
+from engine.service import plan_replay_matching, replay, skip
+from engine.storage.schema import DEAD_LETTER
 from outbox_tui.messages import (
     ActionFailed,
     ReplayFinished,

@@ -25,9 +25,9 @@ from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import DataTable, Static
 
-from engine.error_groups import ErrorGroup, ErrorGroups
 from engine.errors import OutboxError
-from engine.operations import ReplayPlan, error_groups, plan_replay_of_group, replay_of_group
+from engine.operating.error_groups import ErrorGroup, ErrorGroups
+from engine.service import ReplayPlan, error_groups, plan_replay_of_group, replay_of_group
 from outbox_tui.screens.base import ConsoleScreen
 from outbox_tui.screens.confirm import Confirmation, ConfirmModal
 from outbox_tui.screens.dead_letter_actions import replay_body

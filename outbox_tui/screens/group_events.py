@@ -19,10 +19,10 @@ from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.widgets import DataTable, Static
 
-from engine.error_groups import ErrorGroup, GroupMember, GroupMembers
 from engine.errors import OutboxError
-from engine.operations import group_events
-from engine.schema import DEAD_LETTER
+from engine.operating.error_groups import ErrorGroup, GroupMember, GroupMembers
+from engine.service import group_events
+from engine.storage.schema import DEAD_LETTER
 from outbox_tui.screens.detail_host import DetailHost
 from outbox_tui.widgets.event_detail import EventDetailPane
 from outbox_tui.widgets.footer import ConsoleFooter

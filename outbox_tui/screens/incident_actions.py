@@ -16,14 +16,14 @@ from textual import on, work
 from textual.message import Message
 
 from engine.errors import OutboxError
-from engine.operations import (
+from engine.operating.pauses import PausedBacklog, describe_scope
+from engine.service import (
     dedup_check,
     pause_type,
     paused_backlog,
     resume_type,
     waiting_of_type,
 )
-from engine.pauses import PausedBacklog, describe_scope
 from outbox_tui.messages import ActionFailed
 from outbox_tui.screens.base import ConsoleScreen
 from outbox_tui.screens.confirm import Confirmation, ConfirmModal

@@ -33,10 +33,10 @@ from textual.widgets import Static
 from textual.worker import Worker, WorkerState
 
 from engine.errors import OutboxError
-from engine.insights import OverviewSnapshot
-from engine.operations import paused_backlog
-from engine.schema import DEAD_LETTER
-from engine.trends import Sample, Trends
+from engine.operating.insights import OverviewSnapshot
+from engine.operating.trends import Sample, Trends
+from engine.service import paused_backlog
+from engine.storage.schema import DEAD_LETTER
 from outbox_tui.actions import bindings
 from outbox_tui.messages import (
     ActionFailed,

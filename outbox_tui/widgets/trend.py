@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from rich.text import Text
 from textual.widgets import Static
 
-from engine.trends import DRAINING, GROWING, HELD, MEASURING, STALLED, Trends, Verdict
+from engine.operating.trends import DRAINING, GROWING, HELD, MEASURING, STALLED, Trends, Verdict
 from outbox_tui.widgets.format import compact, duration
 
 BLOCKS = "▁▂▃▄▅▆▇█"

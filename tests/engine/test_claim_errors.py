@@ -13,8 +13,9 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError, ProgrammingError
 
-from engine import create_engine, create_schema, store
-from engine.runner import STORAGE_ERRORS
+from engine import create_engine, create_schema
+from engine.dispatch import store
+from engine.running.run_loop import STORAGE_ERRORS
 
 
 async def claim(db, clock) -> store.ClaimedBatch:

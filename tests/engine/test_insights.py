@@ -9,8 +9,8 @@ from sqlalchemy import insert
 
 from engine import EventHandlerPermanentError, OutboxDispatcher, replay_dead_letter, store
 from engine.errors import ConfigurationError, EventNotFoundError
-from engine.insights import EventFilter, OutboxInsights
-from engine.schema import outbox_events, process_heartbeats
+from engine.operating.insights import EventFilter, OutboxInsights
+from engine.storage.schema import outbox_events, process_heartbeats
 
 from .seeding import event_row, insert_events
 from .test_dispatch import publish

@@ -9,10 +9,12 @@ import pytest
 from sqlalchemy import ARRAY, Text, bindparam, func, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 
-from engine import create_engine, create_schema, dispatch_health, insights, pauses, store
-from engine.event_views import SUMMARY_COLUMNS, EventFilter, filtered
-from engine.schema import IN_FLIGHT_PREDICATE, KEYED_PREDICATE, UtcDateTime
-from engine.schema import outbox_events as t
+from engine import create_engine, create_schema
+from engine.dispatch import store
+from engine.operating import dispatch_health, insights, pauses
+from engine.operating.event_views import SUMMARY_COLUMNS, EventFilter, filtered
+from engine.storage.schema import IN_FLIGHT_PREDICATE, KEYED_PREDICATE, UtcDateTime
+from engine.storage.schema import outbox_events as t
 
 
 def _sql(db, stmt) -> str:
@@ -568,7 +570,7 @@ async def test_the_retention_purge_reads_the_published_at_index_with_statistics_
     In the purge's transaction (retention.PURGE_PLAN) the published_at index serves it.
     Since 0.6 the status index holds no published row on PostgreSQL, so the plan without
     PURGE_PLAN reads the published_at index too; both must."""
-    from engine import retention
+    from engine.operating import retention
 
     engine = create_engine(pg_url)
     await create_schema(engine)

@@ -21,7 +21,7 @@ import pytest
 from sqlalchemy import func, select
 
 from engine import create_engine
-from engine.schema import outbox_events
+from engine.storage.schema import outbox_events
 from tests.cli.conftest import (
     COUNTING_APP,
     Cli,
