@@ -76,7 +76,7 @@ def _report(result: dict[str, Any]) -> None:
 
 async def _one_more_statement(session: AsyncSession) -> None:
     """A ``SELECT 1`` on the session's asyncpg connection, in its transaction, as the
-    publisher sends its INSERT there (engine.publisher): a round trip and nothing else."""
+    publisher sends its INSERT there (engine.writing.publisher): a round trip and nothing else."""
     conn = await session.connection()
     raw = await conn.get_raw_connection()
     await raw.driver_connection.fetchval("SELECT 1")

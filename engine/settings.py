@@ -278,7 +278,7 @@ class OutboxSettings(BaseSettings):
     ] = None
     console: ConsoleSettings = Field(default_factory=lambda: ConsoleSettings())
     dispatcher: DispatcherSettings = Field(default_factory=lambda: DispatcherSettings())
-    # How long consumers remember event ids: replays of older events warn (engine.replay).
+    # How long consumers remember event ids: replays of older events warn (engine.operating.replay).
     dedup_window_seconds: Annotated[
         float,
         Field(

@@ -1,6 +1,6 @@
 """Start and stop a dispatcher inside the console's process.
 
-It is the same run loop as ``outbox-tui --dispatch`` (``engine.runner``): the
+It is the same run loop as ``outbox-tui --dispatch`` (``engine.running.run_loop``): the
 handlers of ``--installed-app`` modules, or the RabbitMQ relay when an AMQP URL
 is given, and a heartbeat row like any other dispatcher's, under the instance id
 ``console:<host>:<pid>``. Stopping is graceful: the loop finishes its current

@@ -7,7 +7,7 @@ batch claimed ahead may still be kept, would sit away from the writes they prote
 
 One round (``dispatch_once``):
 
-1. claims a batch in one statement (see ``engine.store``): unordered rows, and the
+1. claims a batch in one statement (see ``engine.dispatch.store``): unordered rows, and the
    head of each ordering key (at most one event per key, only when no other event
    of the key is in flight);
 2. delivers the batch concurrently, at most ``max_concurrency`` events at a time:

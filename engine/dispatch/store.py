@@ -258,7 +258,7 @@ def _key_walk(table: Callable[..., str], unfinished: str, include_cursor_key: bo
 
 
 # ix_outbox_events_key_turn's order: a key's rows in flight first, then its rows at rest
-# in write order (engine.schema.KEY_TURN).
+# in write order (engine.storage.schema.KEY_TURN).
 _KEY_TURN_ORDER = f"ordering_key, {KEY_TURN}, seq"
 
 
@@ -624,7 +624,7 @@ async def _fetch_on_driver(
     aware): SQLAlchemy's per-row result processing was a fifth of a no-op delivery's
     CPU (3 µs a row). The transaction is SQLAlchemy's (begun by the claim's first
     statement, ``SET LOCAL jit``), errors are translated as ``execute`` would raise them
-    (engine.database.as_dbapi_error), and the claim's parameters need no bind
+    (engine.storage.database.as_dbapi_error), and the claim's parameters need no bind
     processing (aware UTC datetimes, text, integers and text arrays).
     """
     sql, names = _driver_sql(stmt, conn.dialect)

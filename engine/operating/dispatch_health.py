@@ -1,6 +1,6 @@
 """Who delivers and what is held back: heartbeats, unserved types, blocked ordering keys.
 
-The read side of ``engine.insights`` for the dispatcher panel and the blocked-keys
+The read side of ``engine.operating.insights`` for the dispatcher panel and the blocked-keys
 view: each dispatcher process as an operator sees it (alive, stale or stopped), the
 waiting event types no live dispatcher serves, and the ordering keys whose head (a
 failed or dead-lettered event) holds the rest of the key back. ``OutboxInsights``

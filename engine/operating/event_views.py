@@ -1,6 +1,6 @@
 """What an operator browses: the event filter, table rows, pages, details and match counts.
 
-``engine.insights.OutboxInsights`` answers with these (and re-exports them);
+``engine.operating.insights.OutboxInsights`` answers with these (and re-exports them);
 ``filtered`` narrows a statement on ``outbox_events`` by an ``EventFilter``, for the
 insights' pages and counts alike.
 """
@@ -141,8 +141,8 @@ def status_clause(status: str) -> ColumnElement[bool]:
     """Rows of one status, spelled so that PostgreSQL reads them through an index.
 
     Rows in flight are the leased ones (a claim sets the lease, every completion or
-    release clears it: engine.schema), so "publishing" adds the lease index's predicate;
-    the status index holds the other statuses but ``published`` (engine.schema). The
+    release clears it: engine.storage.schema), so "publishing" adds the lease index's predicate;
+    the status index holds the other statuses but ``published`` (engine.storage.schema). The
     status is written into the statement (one of ``STATUSES``, checked): PostgreSQL uses
     a partial index only for a value it sees, never in a generic plan of a parameter.
     """

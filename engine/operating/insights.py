@@ -1,8 +1,8 @@
 """The read side every front end uses: overview, event pages, details, heartbeats.
 
 The CLI and the console never write SQL; they ask this service. It answers with
-the types of two modules, re-exported here: ``engine.event_views`` (the filter,
-rows, pages and details an operator browses) and ``engine.dispatch_health`` (who
+the types of two modules, re-exported here: ``engine.operating.event_views`` (the filter,
+rows, pages and details an operator browses) and ``engine.operating.dispatch_health`` (who
 delivers and what is held back: heartbeats, unserved types, blocked keys). Every query is
 served by an index (counts by status, keyset pages by id), so the console stays
 responsive with millions of rows, and all reads use deferred transactions so
@@ -82,9 +82,10 @@ from engine.storage.schema import (
     side_effects,
 )
 
-# ALIVE, STALE, STOPPED, BlockedKey, HeartbeatView and UnservedType are engine.dispatch_health's,
-# the Event* types and MatchSummary engine.event_views', OverviewSnapshot and
-# oldest_due_statements engine.overview's, the Published* ones engine.published_counts'.
+# Re-exported from their modules in engine.operating: ALIVE, STALE, STOPPED, BlockedKey,
+# HeartbeatView and UnservedType (dispatch_health), the Event* types and MatchSummary
+# (event_views), OverviewSnapshot and oldest_due_statements (overview), the Published* ones
+# (published_counts).
 __all__ = [
     "ALIVE",
     "STALE",
@@ -373,7 +374,7 @@ class OutboxInsights:
 def stuck_statement(now: datetime) -> Select[Any]:
     """How many leased rows' lease ran out: the ones a claim reclaims.
 
-    A row is leased exactly while publishing (engine.schema), so no status test: it would
+    A row is leased exactly while publishing (engine.storage.schema), so no status test: it would
     read each row (17 of a 37 ms overview on 1,000,000 SQLite rows with 10,000 in flight),
     where the lease index alone answers.
     """
@@ -387,7 +388,7 @@ def top_types_statements() -> tuple[Select[Any], Select[Any]]:
         .where(text(BACKLOG_PREDICATE))
         .group_by(t.c.status, t.c.event_type)
     )
-    in_flight = (  # a row is leased exactly while it is publishing (engine.schema)
+    in_flight = (  # a row is leased exactly while it is publishing (engine.storage.schema)
         select(literal(PUBLISHING), t.c.event_type, func.count())
         .where(text(LEASED_PREDICATE))
         .group_by(t.c.event_type)

@@ -1,4 +1,4 @@
-"""The overview's snapshot type and its "oldest pending" probes (``engine.insights`` asks)."""
+"""The overview's snapshot type and its "oldest pending" probes (``insights`` asks)."""
 
 from __future__ import annotations
 

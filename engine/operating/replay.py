@@ -11,7 +11,7 @@ A skipped event that is replayed later goes to the back of its key's queue (a
 new ``seq``): its key has moved on, and it must not jump ahead of events that
 may already be in flight.
 
-``replay_group`` replays the dead letters of one error group (engine.error_groups),
+``replay_group`` replays the dead letters of one error group (engine.operating.error_groups),
 re-checking each row's fingerprint under the lock. ``check_dedup_window`` says how
 many events of a replay are older than the consumers' dedup window: consumers
 that remember event ids for that long may process those events twice.
@@ -103,7 +103,7 @@ async def replay_group(
 ) -> ReplayResult:
     """Replay every dead letter of the error group ``group`` (a fingerprint), audited.
 
-    The group's dead letters are listed (engine.error_groups.group_members), then
+    The group's dead letters are listed (engine.operating.error_groups.group_members), then
     replayed like ``replay_dead_letter``; a row whose error no longer has this
     fingerprint when it is locked is refused, as is a row that stopped being a dead
     letter. Refusals are returned, not raised. Failed rows of the group are left to

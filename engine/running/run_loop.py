@@ -8,7 +8,7 @@ here because the loop's settings and the dispatcher's come from one section).
 
 ``run_dispatcher`` repeats ``dispatch_once``. After a round that claimed
 nothing it waits ``idle_sleep_seconds`` on the shutdown event and, on
-PostgreSQL, on a wake-up notification (engine.wakeup), whichever comes first;
+PostgreSQL, on a wake-up notification (engine.running.wakeup), whichever comes first;
 after a round that claimed something it goes straight on. Setting the
 shutdown event lets the handlers in flight finish (each within its timeout),
 hands the events not yet started back unattempted, records the round and then
@@ -22,7 +22,7 @@ to the pool when their lease expires. Any other exception is a bug and
 propagates, after the heartbeat row has been marked stopped.
 
 Housekeeping rides on the loop instead of extra tasks: the heartbeat upsert
-(throttled, see engine.heartbeat), metric gauges and the retention purge (at
+(throttled, see engine.running.heartbeat), metric gauges and the retention purge (at
 most every ``housekeeping_seconds``; the purge runs again at once while it
 finds full batches, and after every round that published when
 ``retention_seconds`` is 0).

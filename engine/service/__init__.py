@@ -6,7 +6,7 @@
 - ``incidents``: error groups, pauses, and the dedup-window check before a replay;
 - ``dispatch``: building and starting a dispatcher from settings given once.
 
-Reads (overview, pages, details) come from ``engine.insights.OutboxInsights``;
+Reads (overview, pages, details) come from ``engine.operating.insights.OutboxInsights``;
 ``insights_for`` builds it with the retention window of the settings.
 """
 

@@ -1,6 +1,6 @@
 """Audited dead-letter actions as every front end runs them: check first, then change.
 
-``engine.replay`` makes each change (a conditional update under a lock, audited);
+``engine.operating.replay`` makes each change (a conditional update under a lock, audited);
 this module is what the CLI and the console share around it: replay in chunks
 of ``REPLAY_CHUNK`` ids (one transaction each), and the look before a replay or
 a skip that tells the operator what would happen, refusing ids the same way the

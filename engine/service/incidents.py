@@ -12,7 +12,7 @@ numbers the same way:
 - ``group_events``: every failed row and dead letter of one error group (the
   console's list of a group; ``dead-letter replay --group`` tells an unknown
   fingerprint from a group without dead letters with it);
-- ``pause_type`` / ``resume_type``: pause and resume, audited (``engine.pauses``);
+- ``pause_type`` / ``resume_type``: pause and resume, audited (``engine.operating.pauses``);
   ``waiting_of_type``: what a pause would hold back now.
 """
 

@@ -358,7 +358,7 @@ async def create_schema(engine_or_url: AsyncEngine | str | URL) -> list[str]:
     """Create the outbox tables and indexes, or upgrade older ones (idempotent).
 
     Returns the upgrade steps applied to tables an earlier version made (see
-    engine.migrations); empty for a new or current database.
+    engine.storage.migrations); empty for a new or current database.
     """
     from engine.storage.migrations import missing_tables, upgrade_schema
 

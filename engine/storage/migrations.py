@@ -13,7 +13,7 @@ Steps, in order (version 0.2, "Delivery v2"):
 - PostgreSQL: the checks on ``ordering_key`` (not empty) and ``max_attempts`` (at least 1).
   SQLite cannot add constraints to an existing table, so an upgraded SQLite table keeps
   accepting rows its CHECKs would refuse; the dispatcher dead-letters those rows with the
-  column named (engine.store.ClaimedRow.problem).
+  column named (engine.dispatch.store.ClaimedRow.problem).
 
 Version 0.3 ("Incident workflows"): the tables ``outbox_pauses`` and ``outbox_pause_log``
 (made by ``create_all`` before the upgrade runs), and the indexes
@@ -26,7 +26,7 @@ and ``ix_outbox_events_waiting_type`` replace ``ix_outbox_events_unordered`` and
 no entry into them; ``ix_outbox_events_lease_expiry`` (``locked_until IS NOT NULL``)
 replaces ``ix_outbox_events_leased`` (``locked_by IS NOT NULL``), so PostgreSQL can no
 longer answer the claim's per-key in-flight probe by reading every leased row (see
-``engine.schema``). A database without them is outdated (``missing_indexes``): SQLite's
+``engine.storage.schema``). A database without them is outdated (``missing_indexes``): SQLite's
 claim names them, and PostgreSQL's would walk another index. On PostgreSQL the upgrade
 builds them with a plain ``CREATE INDEX``, which blocks writes to the table while it
 reads the table once: stop the producers, or build them first with ``CREATE INDEX
@@ -34,26 +34,26 @@ CONCURRENTLY`` under the same names and definitions (docs/dispatcher.md).
 
 Version 0.5: SQLite's ``ix_outbox_events_type_backlog`` and ``ix_outbox_events_key_order``
 are rebuilt with their predicates spelled as comparisons instead of IN lists
-(``respelled_indexes``; see ``engine.schema.BACKLOG_PREDICATE``). New tables also spell
+(``respelled_indexes``; see ``engine.storage.schema.BACKLOG_PREDICATE``). New tables also spell
 the status CHECK so; SQLite cannot change the CHECK of an existing table, which keeps the
 list (the same rule).
 
 Version 0.6: ``ix_outbox_events_backlog_id`` and ``ix_outbox_events_aggregate_at_rest``
 replace ``ix_outbox_events_status_id`` and ``ix_outbox_events_aggregate_id``. On
 PostgreSQL they leave out the row versions a drain writes (published rows, rows in
-flight), so a claim and a completion write no entry into them (``engine.schema``); on
+flight), so a claim and a completion write no entry into them (``engine.storage.schema``); on
 SQLite they are the same full indexes under the new names. A database with the old ones
 is outdated (``missing_indexes``); the upgrade drops them and builds the new ones, with
 the same caution on a large PostgreSQL table as 0.4's.
 
 Version 0.8: on PostgreSQL ``ix_outbox_events_key_turn`` (a key's rows in flight first,
 then its rows at rest in ``seq`` order) replaces ``ix_outbox_events_key_order`` and
-``ix_outbox_events_key_in_flight``, which SQLite keeps (``engine.schema.ONLY_ON``). A
+``ix_outbox_events_key_in_flight``, which SQLite keeps (``engine.storage.schema.ONLY_ON``). A
 PostgreSQL database without it is outdated (``missing_indexes``); the upgrade builds it
 and drops the two, with the same caution on a large table as 0.4's.
 
 Version 0.7: on PostgreSQL ``outbox_events.ordering_key`` compares bytewise (``COLLATE
-"C"``, see ``engine.schema.OrderingKey``), so the ordered claim's index probes no longer
+"C"``, see ``engine.storage.schema.OrderingKey``), so the ordered claim's index probes no longer
 compare keys through the default collation's strcoll. A column with another collation is
 outdated (``recollated_columns``); the upgrade changes it in place: no table rewrite,
 but its three key indexes are rebuilt under a lock that blocks writes (0.4 s for
@@ -105,7 +105,7 @@ _RETIRED_ON = {
     "sqlite": (),
 }
 
-# Index -> the predicate text an earlier version gave it (engine.schema says why it changed).
+# Index -> the predicate text an earlier version gave it (``schema`` says why it changed).
 _RESPELLED = {
     "ix_outbox_events_type_backlog": "status IN ('pending', 'failed', 'dead_letter')",
     "ix_outbox_events_key_order": "status IN ('pending', 'publishing', 'failed')",

@@ -1,8 +1,8 @@
 """The outbox's tables: one ``MetaData`` users can hand to their own Alembic.
 
 Why one module (about 400 lines): the tables, their indexes, the partial-index
-predicates that queries must repeat word for word (engine.store, engine.insights)
-and the SQLite trigger are one contract with engine.migrations; a user's Alembic
+predicates that queries must repeat word for word (engine.dispatch.store, engine.operating.insights)
+and the SQLite trigger are one contract with engine.storage.migrations; a user's Alembic
 imports one ``MetaData``, and an index and the predicate it serves stay side by side.
 
 ``outbox_events`` is a documented contract: every column except id, tenant_id,
@@ -12,7 +12,7 @@ server-side default, so any language can enqueue an event with plain SQL.
 ``seq`` is the table's own write order: an identity column on PostgreSQL and the
 rowid (copied by a trigger) on SQLite. Producers leave it out. Events that share
 a non-null ``ordering_key`` are delivered one at a time in ``seq`` order (see
-engine.store and docs/dispatcher.md).
+engine.dispatch.store and docs/dispatcher.md).
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ class UtcDateTime(TypeDecorator[datetime]):
         Only SQLite can hold such a value (a row written with plain SQL into a table
         made before its CHECK constraints): reading it must not break a whole page,
         count or claim. The dispatcher dead-letters a row whose ``created_at`` reads
-        as None (see engine.store.ClaimedRow.problem).
+        as None (see engine.dispatch.store.ClaimedRow.problem).
         """
         if isinstance(value, datetime):
             return as_utc(value)
@@ -133,7 +133,7 @@ Json = JSON().with_variant(JSONB(), "postgresql")
 # "C" an ordered claim cost 20.4 instead of 23.3 µs a row (pg_stat_statements, 50,000
 # events over 1,000 keys, 2 dispatchers, medians of three alternating runs; the drain took
 # 1.29-1.35 s instead of 1.36-1.56 s). UTF-8's byte order is code point order, so Python's
-# string order is the database's too (engine.store's key cursor relies on it).
+# string order is the database's too (engine.dispatch.store's key cursor relies on it).
 KEY_COLLATION = "C"
 OrderingKey = String(400).with_variant(String(400, collation=KEY_COLLATION), "postgresql")
 
@@ -274,7 +274,7 @@ def indexes_for(dialect: str) -> list[Index]:
 # PostgreSQL's key index orders a key's rows by this after the key: 0 in flight, 1 at rest.
 # An integer, not the bare boolean: the planner rewrites "(locked_by IS NULL) = false" as
 # "locked_by IS NOT NULL", which no longer matches the index column, so a range of a key's
-# rows in flight could not be bounded by seq (engine.dispatch_health.key_turns).
+# rows in flight could not be bounded by seq (engine.operating.dispatch_health.key_turns).
 KEY_TURN = "CAST(locked_by IS NULL AS INTEGER)"
 
 # PostgreSQL's ordered claim: a key's rows in flight come first in this index, then its
@@ -321,7 +321,7 @@ _only_on(
     )
 )
 # Expired leases (crash recovery), "stuck in publishing" counts, and rows in flight by
-# type (engine.insights.top_types, inside the index on SQLite).
+# type (engine.operating.insights.top_types, inside the index on SQLite).
 Index(
     "ix_outbox_events_lease_expiry",
     outbox_events.c.locked_until,
@@ -335,11 +335,11 @@ Index(
     postgresql_where=text("status = 'published'"),
     sqlite_where=text("status = 'published'"),
 )
-# Events that wait or failed, by type: "which type is hurting" (engine.insights.top_types)
-# and how many events a pause holds back (engine.pauses), counted inside this index.
+# Events that wait or failed, by type: "which type is hurting" (engine.operating.insights.top_types)
+# and how many events a pause holds back (engine.operating.pauses), counted inside this index.
 # Spelled with status_is_one_of. PostgreSQL proves either spelling from the other, so an
 # index made with an IN list still serves these queries there; SQLite matches the
-# spelling, and an index made with the list is rebuilt by init-db (engine.migrations).
+# spelling, and an index made with the list is rebuilt by init-db (engine.storage.migrations).
 BACKLOG_PREDICATE = f"({status_is_one_of(PENDING, FAILED, DEAD_LETTER)})"
 Index(
     "ix_outbox_events_type_backlog",
@@ -354,8 +354,8 @@ Index(
 # HOT). The two indexes below leave out what the drain writes: keyset pages within one
 # status and per-status counts read the backlog statuses here, rows in flight through
 # ix_outbox_events_lease_expiry, published rows through the primary key
-# (engine.event_views.status_clause); the aggregate filter reads rows at rest here and
-# rows in flight through the lease index (engine.event_views.aggregate_clause). Full
+# (engine.operating.event_views.status_clause); the aggregate filter reads rows at rest here and
+# rows in flight through the lease index (engine.operating.event_views.aggregate_clause). Full
 # indexes, as these were up to 0.5, cost a 100,000-event drain (2 dispatchers, no-op
 # handler) a quarter of its rate: 23-29k against 33-38k events/s in three alternating
 # rounds (docs/dispatcher.md). SQLite changes an index entry only when a column the
@@ -375,7 +375,7 @@ Index(
     postgresql_where=text(AT_REST_PREDICATE),
 )
 # Replayed events waiting for delivery: the oldest of them is due since its replay, not
-# its creation (engine.insights' "oldest pending"). Only replayed rows have an entry.
+# its creation (engine.operating.insights' "oldest pending"). Only replayed rows have an entry.
 REPLAYED_PENDING_PREDICATE = "status = 'pending' AND last_replayed_at IS NOT NULL"
 Index(
     "ix_outbox_events_replayed_pending",
@@ -477,7 +477,7 @@ replay_log = Table(
 Index("ix_outbox_replay_log_event", replay_log.c.event_id, replay_log.c.id)
 
 # Delivery paused per event type, for every tenant (tenant_id ALL_TENANTS) or one tenant.
-# Paused events stay pending and spend no attempts (see engine.pauses).
+# Paused events stay pending and spend no attempts (see engine.operating.pauses).
 ALL_TENANTS = ""
 pauses = Table(
     "outbox_pauses",

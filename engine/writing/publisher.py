@@ -35,7 +35,7 @@ _INSERT = insert(outbox_events)
 _BIND = {"clause": _INSERT}  # the bind session.execute(_INSERT) would pick
 _SESSION_CONTEXT = "outbox_task_context"
 _SESSION_REGISTRY = "outbox_registry"
-# Set once the session wrote outbox rows; commit hooks (engine.wakeup) read and clear it.
+# Set once the session wrote outbox rows; commit hooks (engine.running.wakeup) read and clear it.
 SESSION_EVENTS_WRITTEN = "outbox_events_written"
 
 
@@ -50,7 +50,7 @@ class OutboxEvent:
     event_version: int = 1
     tenant_id: str | None = None
     max_attempts: int | None = None
-    # Overrides the key the event type's ordering gives (engine.registry.Ordering).
+    # Overrides the key the event type's ordering gives (engine.writing.registry.Ordering).
     ordering_key: str | None = None
 
 

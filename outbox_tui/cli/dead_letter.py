@@ -3,14 +3,14 @@
 Why one module (about 400 lines): the four subcommands are one command group
 (docs/cli.md documents them together) and share its filter options, the audited
 action's ``--yes``/``--reason``/``--dry-run`` and the dedup-window check; the work
-itself is ``engine.operations``'.
+itself is ``engine.service``'.
 
 ``groups`` groups failed rows and dead letters by error fingerprint; ``replay --group``
 replays one group's dead letters. Every replay first counts the events older than the
 consumers' dedup window and refuses when there are any, unless
 ``--allow-outside-dedup-window`` is given (a dry run only reports them).
 
-The checks and the changes come from ``engine.operations``, the same code the
+The checks and the changes come from ``engine.service``, the same code the
 console's ``r``, ``R`` and ``k`` run. ``matched`` counts the selected ids that
 are dead letters (docs/cli.md), in a dry run and a real replay alike.
 """

@@ -1,6 +1,6 @@
 """``outbox-tui dispatch`` (alias ``--dispatch``) and ``dispatch-once``.
 
-Both describe their dispatcher once, as an ``engine.operations.DispatchSpec``
+Both describe their dispatcher once, as an ``engine.service.DispatchSpec``
 built from the settings (flags over ``OUTBOX_...`` variables), and open it with
 ``open_dispatcher``, like the console's ``s``.
 """

@@ -3,7 +3,7 @@
 A pause is stored in the database, so every dispatcher obeys it from its next
 round: paused events stay pending, spend no attempts and are never dead-lettered.
 Both commands change something, so both need ``--yes``; both write who and why
-to the pause log (``engine.pauses``).
+to the pause log (``engine.operating.pauses``).
 """
 
 from __future__ import annotations

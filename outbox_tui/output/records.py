@@ -138,7 +138,7 @@ def stats_record(
             }
             for u in snapshot.unserved
         ],
-        # Active pauses (engine.pauses), oldest first, with the events each holds back.
+        # Active pauses (engine.operating.pauses), oldest first, with the events each holds back.
         "pauses": [pause_record(p) for p in pauses],
         # Event types with the most undelivered events, by status.
         "top_types": [type_counts_record(c) for c in top_types],
@@ -161,7 +161,7 @@ class ReplayReport:
     dedup_window_seconds: float | None = None
     # Set when the replay was refused as a whole (outside the dedup window).
     refused_all: str | None = None
-    dedup_note: str | None = None  # engine.replay.DedupCheck.warning(), for people
+    dedup_note: str | None = None  # engine.operating.replay.DedupCheck.warning(), for people
     group_failed: int = 0  # --group without dead letters: its failed rows (they retry)
 
     def as_dict(self) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Replay (``r``, ``R``) and skip (``k``) from the console, each after one confirmation.
 
-Part of ``MainScreen``; the checks and changes are ``engine.operations``', the
+Part of ``MainScreen``; the checks and changes are ``engine.service``', the
 same the CLI's ``dead-letter replay|skip`` run.
 """
 

@@ -1,6 +1,6 @@
 """The error groups (``g``): which failures are the same failure, and ``R`` to replay one.
 
-The groups come from ``engine.operations.error_groups`` (the same as ``outbox-tui
+The groups come from ``engine.service.error_groups`` (the same as ``outbox-tui
 dead-letter groups``); ``enter`` lists the highlighted group's events
 (``GroupEventsScreen``), ``R`` replays its dead letters behind the one confirmation
 dialog, which names the count and the types and shows the dedup-window warning when

@@ -1,6 +1,6 @@
 """One error group's events (``enter`` in the groups view): which events failed this way.
 
-The rows come from ``engine.operations.group_events`` (every failed row and dead
+The rows come from ``engine.service.group_events`` (every failed row and dead
 letter of the group now, read in full; newest first here, at most ``SHOWN``).
 ``enter`` opens the highlighted event's detail beside the list (over it below 100
 columns), as on the main screen; ``escape`` closes the detail, then goes back to

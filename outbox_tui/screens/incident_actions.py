@@ -1,7 +1,7 @@
 """Incident actions on the main screen: ``p`` pauses or resumes the highlighted event's
 type, ``g`` opens the error groups, and the dedup-window line every replay dialog shows.
 
-Part of ``MainScreen``; the changes are ``engine.operations``', the same the CLI's
+Part of ``MainScreen``; the changes are ``engine.service``', the same the CLI's
 ``pause``, ``resume`` and ``dead-letter replay`` run.
 """
 

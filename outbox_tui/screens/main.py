@@ -5,7 +5,7 @@ dispatch switch (``dispatch_switch``) are the parts it combines; its key binding
 come from the action table (``outbox_tui.actions``).
 
 Data flow: a timer starts an exclusive ``poll`` worker; the worker asks
-``OutboxInsights`` (the live overview, the top types, the page) and ``engine.operations``
+``OutboxInsights`` (the live overview, the top types, the page) and ``engine.service``
 (the active pauses) and posts ``PollSucceeded`` / ``PollFailed``; the handlers
 update the widgets, and add the snapshot to the ``Trends`` ring the overview draws.
 The next poll is scheduled only after the previous one finished, so polls never

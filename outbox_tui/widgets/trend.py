@@ -1,4 +1,4 @@
-"""Is the backlog shrinking? The trend verdict and its sparklines (``engine.trends``).
+"""Is the backlog shrinking? The trend verdict and its sparklines (``engine.operating.trends``).
 
 ``MainScreen`` keeps the ``Trends`` ring (one sample per refresh) and hands a frozen
 ``TrendView`` to the overview. Two shapes show it:

@@ -1,7 +1,7 @@
 """A claim's database errors reach callers as SQLAlchemy's, whichever path ran the claim.
 
-On PostgreSQL the claim statement runs on the asyncpg connection itself (engine.store), so
-the run loop's storage-error handling (engine.runner.STORAGE_ERRORS) depends on its errors
+On PostgreSQL the claim statement runs on the asyncpg connection itself (engine.dispatch.store), so
+the run loop's storage-error handling (engine.running.run_loop.STORAGE_ERRORS) depends on its errors
 being translated as ``execute`` would raise them.
 """
 

@@ -259,7 +259,7 @@ async def test_a_task_started_inside_a_unit_gets_its_own_unit(db, registry):
 
 
 # On PostgreSQL a publish that follows another statement of its transaction inserts on the
-# session's asyncpg connection (engine.publisher._insert_on_driver); one that opens the
+# session's asyncpg connection (engine.writing.publisher._insert_on_driver); one that opens the
 # transaction goes through session.execute, which begins it. Both ways, on both databases:
 LEADS = ["publish first", "after a business write"]
 

@@ -39,7 +39,7 @@ def _assert_no_table_scan(plan: str) -> None:
 
 
 def key_index(db) -> str:
-    """The index a dialect's ordered claim and per-key queries read (engine.schema.ONLY_ON)."""
+    """The index a dialect's ordered claim and per-key queries read (schema.ONLY_ON)."""
     return {"postgresql": "ix_outbox_events_key_turn", "sqlite": "ix_outbox_events_key_order"}[
         db.dialect.name
     ]
@@ -507,7 +507,7 @@ async def test_the_unordered_claim_indexes_leave_out_rows_in_flight(db):
 
 async def test_status_and_aggregate_indexes_leave_out_what_a_drain_writes_on_postgresql(db):
     """Claims (publishing) and completions (published) write no entry into the status
-    index, claims none into the aggregate index; SQLite keeps both full (engine.schema)."""
+    index, claims none into the aggregate index; SQLite keeps both full (engine.storage.schema)."""
     found = await _index_definitions(db)
     status, aggregate = (
         found["ix_outbox_events_backlog_id"],

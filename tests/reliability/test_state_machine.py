@@ -1,6 +1,6 @@
 """The outbox's state machine, explored by hypothesis against a real database (issue 9).
 
-Random sequences of claims by two dispatchers driven through ``engine.store`` (so their
+Random sequences of claims by two dispatchers driven through ``engine.dispatch.store`` (so their
 completions can arrive late: after their lease expired, or after a newer claim took the
 row), rounds of the real ``OutboxDispatcher``, producers adding events, lease expiry on an
 injected clock, and operators' replay and skip. A model predicts every row's state; after
