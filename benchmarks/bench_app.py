@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TextIO
 
 from engine import EventRegistry
-from engine.envelope import EventEnvelope
+from engine.writing.envelope import EventEnvelope
 
 EVENT_TYPE = "bench.happened"
 HANDLER_KEY = "bench.handler"

@@ -37,10 +37,10 @@ from sqlalchemy import func, insert, select
 
 from engine import create_engine, create_schema
 from engine.clock import uuid7
-from engine.insights import EventFilter, OutboxInsights
-from engine.operations import paused_backlog
-from engine.schema import outbox_events
+from engine.operating.insights import EventFilter, OutboxInsights
+from engine.service import paused_backlog
 from engine.settings import DispatcherSettings
+from engine.storage.schema import outbox_events
 
 DEFAULT_URL = "sqlite+aiosqlite:////tmp/outbox-console-1m.db"
 CHUNK = 50_000

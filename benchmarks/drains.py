@@ -21,7 +21,7 @@ from sqlalchemy.engine import make_url
 
 from benchmarks import peer_amqp, peer_pgqueuer, support, usage
 from benchmarks.support import Context, Fleet, WorkerFailed
-from engine import store
+from engine.dispatch import store
 
 OURS_APP = "benchmarks.bench_app"
 
@@ -185,7 +185,7 @@ def pgbench_binary() -> str | None:
 
 
 def floor_script(batch: int, *, order_by: str, unordered_only: bool) -> str:
-    """engine.store's claim and completion, as pgbench runs them (one commit each).
+    """engine.dispatch.store's claim and completion, as pgbench runs them (one commit each).
 
     The claim is ``claim_batch`` for PostgreSQL (an abandoned row first, else up to
     ``batch`` due rows, ``FOR UPDATE SKIP LOCKED``, the update finding them by address,

@@ -12,7 +12,7 @@ Modes (how producers wake dispatchers):
   none          no notification at all: the baseline ("a")
   trigger       an AFTER INSERT ... FOR EACH STATEMENT trigger calling pg_notify ("b")
   in_tx         pg_notify called inside the business transaction ("b" without a trigger)
-  after_commit  engine.wakeup.CommitNotifier: one pg_notify on its own connection after the
+  after_commit  engine.running.wakeup.CommitNotifier: one pg_notify on its own connection after the
                 commit, at most one per --interval-ms per producer process ("c", chosen)
 
 Clients (who commits; each producer commits single-row transactions as fast as it can):
@@ -64,7 +64,7 @@ from engine import (
     unit_of_work,
 )
 from engine.clock import uuid7
-from engine.wakeup import (
+from engine.running.wakeup import (
     DEFAULT_CHANNEL,
     DEFAULT_INTERVAL_MS,
     CommitNotifier,

@@ -38,7 +38,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from engine import EventRegistry, OutboxEventPublisher, TaskContext, create_engine, unit_of_work
 from engine.clock import uuid7
-from engine.wakeup import enable_commit_notifications
+from engine.running.wakeup import enable_commit_notifications
 
 EVENT_TYPE = "bench.happened"
 WRITE_MODES = ("plain", "outbox", "statement")
@@ -76,7 +76,7 @@ def _report(result: dict[str, Any]) -> None:
 
 async def _one_more_statement(session: AsyncSession) -> None:
     """A ``SELECT 1`` on the session's asyncpg connection, in its transaction, as the
-    publisher sends its INSERT there (engine.publisher): a round trip and nothing else."""
+    publisher sends its INSERT there (engine.writing.publisher): a round trip and nothing else."""
     conn = await session.connection()
     raw = await conn.get_raw_connection()
     await raw.driver_connection.fetchval("SELECT 1")

@@ -29,9 +29,10 @@ from typing import Any
 from benchmarks import drains, support, usage
 from benchmarks.bench_app import wait_for_go
 from benchmarks.support import Context, Fleet, WorkerFailed
-from engine import create_engine, create_schema, store
+from engine import create_engine, create_schema
 from engine.clock import utc_now, uuid7
-from engine.schema import ACTIVE_PREDICATE
+from engine.dispatch import store
+from engine.storage.schema import ACTIVE_PREDICATE
 
 FLOOR_ID = "floor"
 LEASE = timedelta(seconds=30)

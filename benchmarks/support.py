@@ -26,7 +26,7 @@ import asyncpg
 from sqlalchemy.engine import make_url
 
 from engine.clock import uuid7
-from engine.schema import ACTIVE_PREDICATE
+from engine.storage.schema import ACTIVE_PREDICATE
 
 ROOT = Path(__file__).resolve().parent.parent
 EVENT_TYPE = "bench.happened"
@@ -59,8 +59,8 @@ def payload(i: int) -> str:
 
 def cloudevent_size() -> int:
     """Bytes of the CloudEvent the relay sends for one preloaded event."""
-    from engine.envelope import EventEnvelope
     from engine.relay.cloudevents import encode_cloudevent, to_cloudevent
+    from engine.writing.envelope import EventEnvelope
 
     envelope = EventEnvelope.from_row(
         {

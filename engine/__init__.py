@@ -10,14 +10,9 @@ registry), running (``run_dispatcher``, ``load_settings``), operating
 every error class, all under ``OutboxError``.
 """
 
-from engine.backoff import BackoffPolicy
 from engine.context import TaskContext, current_task_context
-from engine.database import create_engine, create_schema, mask_url
-from engine.dispatch_health import BlockedKey, HeartbeatView, UnservedType
-from engine.dispatcher import DispatchResult, OutboxDispatcher
-from engine.domain import AggregateRoot
-from engine.envelope import EventEnvelope
-from engine.error_groups import ErrorGroup, ErrorGroups
+from engine.dispatch.backoff import BackoffPolicy
+from engine.dispatch.dispatcher import DispatchResult, OutboxDispatcher
 from engine.errors import (
     BrokerUnavailableError,
     ConfigurationError,
@@ -40,8 +35,11 @@ from engine.errors import (
     TenantMismatchError,
     UnknownEventTypeError,
 )
-from engine.idempotency import IdempotencyStore
-from engine.insights import (
+from engine.handlers.idempotency import IdempotencyStore
+from engine.handlers.side_effects import run_event_side_effect
+from engine.operating.dispatch_health import BlockedKey, HeartbeatView, UnservedType
+from engine.operating.error_groups import ErrorGroup, ErrorGroups
+from engine.operating.insights import (
     EventDetail,
     EventFilter,
     EventPage,
@@ -51,15 +49,17 @@ from engine.insights import (
     OverviewSnapshot,
     TypeCounts,
 )
-from engine.pauses import Pause, PausedBacklog
-from engine.publisher import OutboxEventPublisher
-from engine.registry import EventRegistry, EventSchemaSpec, Ordering
-from engine.replay import ReplayResult, SkipResult, replay_dead_letter, skip_dead_letter
-from engine.runner import RunSummary, build_dispatcher, run_dispatcher
-from engine.schema import metadata
+from engine.operating.pauses import Pause, PausedBacklog
+from engine.operating.replay import ReplayResult, SkipResult, replay_dead_letter, skip_dead_letter
+from engine.running.run_loop import RunSummary, build_dispatcher, run_dispatcher
 from engine.settings import DispatcherSettings, OutboxSettings, load_settings
-from engine.side_effects import run_event_side_effect
-from engine.uow import unit_of_work
+from engine.storage.database import create_engine, create_schema, mask_url
+from engine.storage.schema import metadata
+from engine.writing.domain import AggregateRoot
+from engine.writing.envelope import EventEnvelope
+from engine.writing.publisher import OutboxEventPublisher
+from engine.writing.registry import EventRegistry, EventSchemaSpec, Ordering
+from engine.writing.uow import unit_of_work
 
 __all__ = [
     "AggregateRoot",

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from engine.envelope import EventEnvelope
-    from engine.idempotency import IdempotencyStore
+    from engine.handlers.idempotency import IdempotencyStore
+    from engine.writing.envelope import EventEnvelope
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,10 +43,10 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
-from engine.database import DEFAULT_DATABASE_URL, mask_secrets, parse_database_url
-from engine.dispatcher import DEFAULT_MAX_CONCURRENCY, MAX_BATCH_SIZE
+from engine.dispatch.dispatcher import DEFAULT_MAX_CONCURRENCY, MAX_BATCH_SIZE
 from engine.errors import ConfigurationError, DatabaseUrlError
-from engine.replay import DEFAULT_DEDUP_WINDOW
+from engine.operating.replay import DEFAULT_DEDUP_WINDOW
+from engine.storage.database import DEFAULT_DATABASE_URL, mask_secrets, parse_database_url
 
 ENV_PREFIX = "OUTBOX_"
 _HOUR = 3600.0
@@ -278,7 +278,7 @@ class OutboxSettings(BaseSettings):
     ] = None
     console: ConsoleSettings = Field(default_factory=lambda: ConsoleSettings())
     dispatcher: DispatcherSettings = Field(default_factory=lambda: DispatcherSettings())
-    # How long consumers remember event ids: replays of older events warn (engine.replay).
+    # How long consumers remember event ids: replays of older events warn (engine.operating.replay).
     dedup_window_seconds: Annotated[
         float,
         Field(

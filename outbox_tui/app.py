@@ -15,12 +15,12 @@ from textual import work
 from textual.app import App
 
 from engine.clock import Clock, utc_now
-from engine.database import mask_url
-from engine.insights import OutboxInsights
-from engine.operations import DispatchSpec, insights_for, load_registry, open_engine
-from engine.registry import EventRegistry
-from engine.replay import default_operator
+from engine.operating.insights import OutboxInsights
+from engine.operating.replay import default_operator
+from engine.service import DispatchSpec, insights_for, load_registry, open_engine
 from engine.settings import DEFAULT_EXCHANGE, ConsoleSettings, DispatcherSettings, OutboxSettings
+from engine.storage.database import mask_url
+from engine.writing.registry import EventRegistry
 from outbox_tui import PROG
 from outbox_tui.actions import bindings
 from outbox_tui.dispatch_control import DispatchControl, console_instance_id

@@ -1,6 +1,6 @@
-"""Kept for imports from before the operations layer: apps load in ``engine.operations``."""
+"""Kept for imports from before the operations layer: apps load in ``engine.service``."""
 
 from engine.errors import InstalledAppError
-from engine.operations.apps import delivery_problem, load_registry
+from engine.service.apps import delivery_problem, load_registry
 
 __all__ = ["InstalledAppError", "delivery_problem", "load_registry"]

@@ -16,9 +16,8 @@ from typing import TextIO
 
 from textual.logging import TextualHandler
 
-from engine.database import DEFAULT_DATABASE_URL, mask_secrets
 from engine.errors import OutboxError
-from engine.operations import (
+from engine.service import (
     check_database,
     dispose,
     load_registry,
@@ -26,6 +25,7 @@ from engine.operations import (
     require_database_file,
 )
 from engine.settings import OutboxSettings
+from engine.storage.database import DEFAULT_DATABASE_URL, mask_secrets
 from outbox_tui import PROG
 from outbox_tui.app import ConsoleConfig, OutboxConsole, make_app
 from outbox_tui.cli.errors import EXIT_USAGE, exit_status

@@ -18,9 +18,9 @@ import logging
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from engine.database import create_engine, create_schema
-from engine.insights import OutboxInsights
-from engine.registry import EventRegistry
+from engine.operating.insights import OutboxInsights
+from engine.storage.database import create_engine, create_schema
+from engine.writing.registry import EventRegistry
 from outbox_tui.examples.orders import create_tables
 from outbox_tui.examples.orders.traffic import generate_orders, trickle
 

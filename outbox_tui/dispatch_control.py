@@ -1,6 +1,6 @@
 """Start and stop a dispatcher inside the console's process.
 
-It is the same run loop as ``outbox-tui --dispatch`` (``engine.runner``): the
+It is the same run loop as ``outbox-tui --dispatch`` (``engine.running.run_loop``): the
 handlers of ``--installed-app`` modules, or the RabbitMQ relay when an AMQP URL
 is given, and a heartbeat row like any other dispatcher's, under the instance id
 ``console:<host>:<pid>``. Stopping is graceful: the loop finishes its current
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import OutboxError
-from engine.operations import DispatchSpec, open_dispatcher, run
-from engine.runner import RunSummary
+from engine.running.run_loop import RunSummary
+from engine.service import DispatchSpec, open_dispatcher, run
 
 
 @dataclass(frozen=True, slots=True)

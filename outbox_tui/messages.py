@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from textual.message import Message
 
-from engine.insights import (
+from engine.operating.insights import (
     BlockedKey,
     EventDetail,
     EventFilter,
@@ -20,7 +20,7 @@ from engine.insights import (
     OverviewSnapshot,
     TypeCounts,
 )
-from engine.operations.incidents import PausedBacklog
+from engine.service.incidents import PausedBacklog
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,14 @@ from sqlalchemy import (
 )
 
 from engine import create_engine
-from engine.schema import Json, UtcDateTime, handler_runs, locks, process_heartbeats, side_effects
+from engine.storage.schema import (
+    Json,
+    UtcDateTime,
+    handler_runs,
+    locks,
+    process_heartbeats,
+    side_effects,
+)
 
 OLD = MetaData()
 

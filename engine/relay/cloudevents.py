@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
-from engine.envelope import EventEnvelope
+from engine.writing.envelope import EventEnvelope
 
 SPEC_VERSION = "1.0"
 CONTENT_TYPE = "application/cloudevents+json"

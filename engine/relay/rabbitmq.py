@@ -101,9 +101,7 @@ from aiormq.exceptions import (
 from pamqp.commands import Basic
 
 from engine.clock import utc_now
-from engine.database import mask_secrets, mask_url
-from engine.dispatcher import ExternalPublishResult
-from engine.envelope import EventEnvelope
+from engine.dispatch.dispatcher import ExternalPublishResult
 from engine.errors import BrokerUnavailableError, ConfigurationError, OutboxError
 from engine.relay.cloudevents import (
     CONTENT_TYPE,
@@ -113,6 +111,8 @@ from engine.relay.cloudevents import (
     to_cloudevent,
 )
 from engine.settings import DEFAULT_EXCHANGE
+from engine.storage.database import mask_secrets, mask_url
+from engine.writing.envelope import EventEnvelope
 
 log = logging.getLogger("engine.relay.rabbitmq")
 

@@ -16,8 +16,8 @@ import inspect
 from collections.abc import Iterator, Sequence
 from types import ModuleType
 
-from engine.database import mask_secrets
-from engine.operations import load_registry
+from engine.service import load_registry
+from engine.storage.database import mask_secrets
 from outbox_tui import PROG, __version__
 from outbox_tui.cli import console, dead_letter, dispatch, init_db, pause, stats
 from outbox_tui.cli.errors import EXIT_USAGE, UsageError, run_guarded

@@ -3,14 +3,14 @@
 Why one module (about 400 lines): the four subcommands are one command group
 (docs/cli.md documents them together) and share its filter options, the audited
 action's ``--yes``/``--reason``/``--dry-run`` and the dedup-window check; the work
-itself is ``engine.operations``'.
+itself is ``engine.service``'.
 
 ``groups`` groups failed rows and dead letters by error fingerprint; ``replay --group``
 replays one group's dead letters. Every replay first counts the events older than the
 consumers' dedup window and refuses when there are any, unless
 ``--allow-outside-dedup-window`` is given (a dry run only reports them).
 
-The checks and the changes come from ``engine.operations``, the same code the
+The checks and the changes come from ``engine.service``, the same code the
 console's ``r``, ``R`` and ``k`` run. ``matched`` counts the selected ids that
 are dead letters (docs/cli.md), in a dry run and a real replay alike.
 """
@@ -22,9 +22,10 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from engine.error_groups import DEFAULT_SCAN_LIMIT
-from engine.insights import EventFilter
-from engine.operations import (
+from engine.operating.error_groups import DEFAULT_SCAN_LIMIT
+from engine.operating.insights import EventFilter
+from engine.operating.replay import default_operator
+from engine.service import (
     dedup_check,
     error_groups,
     group_events,
@@ -38,9 +39,8 @@ from engine.operations import (
     replay_of_group,
     skip,
 )
-from engine.replay import default_operator
-from engine.schema import DEAD_LETTER
 from engine.settings import OutboxSettings
+from engine.storage.schema import DEAD_LETTER
 from outbox_tui import PROG, output
 from outbox_tui.cli.errors import EXIT_FAILURE, EXIT_OK, EXIT_USAGE, UsageError
 from outbox_tui.cli.options import (
@@ -358,7 +358,7 @@ def _refuse_outside_window(inv: Invocation, report: ReplayReport) -> int:
 @contextlib.contextmanager
 def _progress(inv: Invocation, *, total: int) -> Iterator[Callable[[int], None]]:
     """A progress bar on a terminal when the replay takes more than one transaction."""
-    from engine.operations import REPLAY_CHUNK
+    from engine.service import REPLAY_CHUNK
 
     if total <= REPLAY_CHUNK or not inv.out.err_console.is_terminal:
         yield lambda _n: None

@@ -1,6 +1,6 @@
 """``outbox-tui dispatch`` (alias ``--dispatch``) and ``dispatch-once``.
 
-Both describe their dispatcher once, as an ``engine.operations.DispatchSpec``
+Both describe their dispatcher once, as an ``engine.service.DispatchSpec``
 built from the settings (flags over ``OUTBOX_...`` variables), and open it with
 ``open_dispatcher``, like the console's ``s``.
 """
@@ -17,13 +17,13 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from engine.database import mask_url, storage_errors
-from engine.dispatcher import default_dispatcher_id
+from engine.dispatch.dispatcher import default_dispatcher_id
 from engine.errors import ConfigurationError
-from engine.metrics import OutboxMetrics, serve_metrics
-from engine.operations import DispatchSpec, load_registry, open_dispatcher, run
-from engine.runner import RunSummary
+from engine.running.metrics import OutboxMetrics, serve_metrics
+from engine.running.run_loop import RunSummary
+from engine.service import DispatchSpec, load_registry, open_dispatcher, run
 from engine.settings import DispatcherSettings
+from engine.storage.database import mask_url, storage_errors
 from outbox_tui import PROG, output
 from outbox_tui.cli.errors import EXIT_OK
 from outbox_tui.cli.event_loop import STOP_REQUESTED

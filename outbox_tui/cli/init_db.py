@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.database import check_schema, create_schema
 from engine.errors import SchemaMissingError, SchemaOutdatedError
-from engine.operations import open_database
+from engine.service import open_database
+from engine.storage.database import check_schema, create_schema
 from outbox_tui import PROG
 from outbox_tui.cli.errors import EXIT_OK
 from outbox_tui.cli.options import Invocation, add_json, subparser

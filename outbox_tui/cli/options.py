@@ -17,9 +17,7 @@ from typing import Any, NoReturn, get_args
 
 from pydantic import BaseModel
 
-from engine.database import mask_url
-from engine.error_groups import FINGERPRINT_LENGTH
-from engine.registry import EventRegistry
+from engine.operating.error_groups import FINGERPRINT_LENGTH
 from engine.settings import (
     ConsoleSettings,
     DispatcherSettings,
@@ -29,6 +27,8 @@ from engine.settings import (
     load_settings_for_reading,
     misspelt_variables,
 )
+from engine.storage.database import mask_url
+from engine.writing.registry import EventRegistry
 from outbox_tui.cli.errors import UsageError
 from outbox_tui.cli.redaction import RedactingStream, Redactor
 from outbox_tui.output import Output

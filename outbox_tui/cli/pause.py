@@ -3,7 +3,7 @@
 A pause is stored in the database, so every dispatcher obeys it from its next
 round: paused events stay pending, spend no attempts and are never dead-lettered.
 Both commands change something, so both need ``--yes``; both write who and why
-to the pause log (``engine.pauses``).
+to the pause log (``engine.operating.pauses``).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from engine.operations import open_database, pause_type, resume_type
-from engine.pauses import Pause, describe_scope
-from engine.replay import default_operator
+from engine.operating.pauses import Pause, describe_scope
+from engine.operating.replay import default_operator
+from engine.service import open_database, pause_type, resume_type
 from outbox_tui import PROG, output
 from outbox_tui.cli.errors import EXIT_OK, UsageError
 from outbox_tui.cli.options import Invocation, add_json, subparser

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.operations import insights_for, open_database, paused_backlog
+from engine.service import insights_for, open_database, paused_backlog
 from engine.settings import DispatcherSettings
 from outbox_tui import PROG, output
 from outbox_tui.cli.errors import EXIT_OK

@@ -10,9 +10,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.error_groups import ErrorGroup, ErrorGroups
-from engine.insights import TYPE_STATUSES, EventSummary, HeartbeatView, OverviewSnapshot, TypeCounts
-from engine.pauses import PausedBacklog
+from engine.operating.error_groups import ErrorGroup, ErrorGroups
+from engine.operating.insights import (
+    TYPE_STATUSES,
+    EventSummary,
+    HeartbeatView,
+    OverviewSnapshot,
+    TypeCounts,
+)
+from engine.operating.pauses import PausedBacklog
 from outbox_tui.output.values import iso, seconds
 
 COUNTERS = ("claimed", "published", "failed", "dead_lettered", "lost_leases")
@@ -132,7 +138,7 @@ def stats_record(
             }
             for u in snapshot.unserved
         ],
-        # Active pauses (engine.pauses), oldest first, with the events each holds back.
+        # Active pauses (engine.operating.pauses), oldest first, with the events each holds back.
         "pauses": [pause_record(p) for p in pauses],
         # Event types with the most undelivered events, by status.
         "top_types": [type_counts_record(c) for c in top_types],
@@ -155,7 +161,7 @@ class ReplayReport:
     dedup_window_seconds: float | None = None
     # Set when the replay was refused as a whole (outside the dedup window).
     refused_all: str | None = None
-    dedup_note: str | None = None  # engine.replay.DedupCheck.warning(), for people
+    dedup_note: str | None = None  # engine.operating.replay.DedupCheck.warning(), for people
     group_failed: int = 0  # --group without dead letters: its failed rows (they retry)
 
     def as_dict(self) -> dict[str, Any]:

@@ -13,9 +13,9 @@ from rich import table as rich_table
 from rich.console import RenderableType
 from rich.text import Text
 
-from engine.error_groups import ErrorGroups
-from engine.insights import TYPE_STATUSES, EventSummary, OverviewSnapshot, TypeCounts
-from engine.pauses import PausedBacklog
+from engine.operating.error_groups import ErrorGroups
+from engine.operating.insights import TYPE_STATUSES, EventSummary, OverviewSnapshot, TypeCounts
+from engine.operating.pauses import PausedBacklog
 from outbox_tui.output.records import ReplayReport, SkipReport, stats_record
 from outbox_tui.output.values import age, iso
 from outbox_tui.safe_text import printable

@@ -14,8 +14,8 @@ from textual.coordinate import Coordinate
 from textual.widgets import DataTable
 
 from engine.errors import OutboxError
-from engine.insights import BlockedKey, EventFilter, EventPage, EventSummary
-from engine.schema import DEAD_LETTER
+from engine.operating.insights import BlockedKey, EventFilter, EventPage, EventSummary
+from engine.storage.schema import DEAD_LETTER
 from outbox_tui.messages import BlockedPage, PageLoaded, PollFailed, ViewPage
 from outbox_tui.screens.detail_host import DetailHost
 from outbox_tui.screens.filter import FilterModal

@@ -1,6 +1,6 @@
 """Replay (``r``, ``R``) and skip (``k``) from the console, each after one confirmation.
 
-Part of ``MainScreen``; the checks and changes are ``engine.operations``', the
+Part of ``MainScreen``; the checks and changes are ``engine.service``', the
 same the CLI's ``dead-letter replay|skip`` run.
 """
 
@@ -13,9 +13,9 @@ from rich.text import Text
 from textual import on, work
 
 from engine.errors import OutboxError
-from engine.insights import EventFilter
-from engine.operations import plan_replay_matching, replay, skip
-from engine.schema import DEAD_LETTER
+from engine.operating.insights import EventFilter
+from engine.service import plan_replay_matching, replay, skip
+from engine.storage.schema import DEAD_LETTER
 from outbox_tui.messages import (
     ActionFailed,
     ReplayFinished,

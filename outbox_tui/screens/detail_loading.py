@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from engine.errors import OutboxError
-from engine.schema import DEAD_LETTER, FAILED
+from engine.storage.schema import DEAD_LETTER, FAILED
 from outbox_tui.messages import DetailLoaded
 from outbox_tui.widgets.event_detail import EventDetailPane
 from outbox_tui.widgets.format import one_line

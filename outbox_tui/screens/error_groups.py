@@ -1,6 +1,6 @@
 """The error groups (``g``): which failures are the same failure, and ``R`` to replay one.
 
-The groups come from ``engine.operations.error_groups`` (the same as ``outbox-tui
+The groups come from ``engine.service.error_groups`` (the same as ``outbox-tui
 dead-letter groups``); ``enter`` lists the highlighted group's events
 (``GroupEventsScreen``), ``R`` replays its dead letters behind the one confirmation
 dialog, which names the count and the types and shows the dedup-window warning when
@@ -25,9 +25,9 @@ from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import DataTable, Static
 
-from engine.error_groups import ErrorGroup, ErrorGroups
 from engine.errors import OutboxError
-from engine.operations import ReplayPlan, error_groups, plan_replay_of_group, replay_of_group
+from engine.operating.error_groups import ErrorGroup, ErrorGroups
+from engine.service import ReplayPlan, error_groups, plan_replay_of_group, replay_of_group
 from outbox_tui.screens.base import ConsoleScreen
 from outbox_tui.screens.confirm import Confirmation, ConfirmModal
 from outbox_tui.screens.dead_letter_actions import replay_body

@@ -14,8 +14,8 @@ from textual.screen import ModalScreen
 from textual.suggester import SuggestFromList
 from textual.widgets import Button, Input, Label, Static
 
-from engine.insights import EventFilter
-from engine.schema import DEAD_LETTER, STATUSES
+from engine.operating.insights import EventFilter
+from engine.storage.schema import DEAD_LETTER, STATUSES
 from outbox_tui.widgets.text_field import TextField
 
 _ALIASES = {"dead": DEAD_LETTER, "deadletter": DEAD_LETTER, "dlq": DEAD_LETTER}

@@ -1,6 +1,6 @@
 """One error group's events (``enter`` in the groups view): which events failed this way.
 
-The rows come from ``engine.operations.group_events`` (every failed row and dead
+The rows come from ``engine.service.group_events`` (every failed row and dead
 letter of the group now, read in full; newest first here, at most ``SHOWN``).
 ``enter`` opens the highlighted event's detail beside the list (over it below 100
 columns), as on the main screen; ``escape`` closes the detail, then goes back to
@@ -19,10 +19,10 @@ from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.widgets import DataTable, Static
 
-from engine.error_groups import ErrorGroup, GroupMember, GroupMembers
 from engine.errors import OutboxError
-from engine.operations import group_events
-from engine.schema import DEAD_LETTER
+from engine.operating.error_groups import ErrorGroup, GroupMember, GroupMembers
+from engine.service import group_events
+from engine.storage.schema import DEAD_LETTER
 from outbox_tui.screens.detail_host import DetailHost
 from outbox_tui.widgets.event_detail import EventDetailPane
 from outbox_tui.widgets.footer import ConsoleFooter

@@ -1,7 +1,7 @@
 """Incident actions on the main screen: ``p`` pauses or resumes the highlighted event's
 type, ``g`` opens the error groups, and the dedup-window line every replay dialog shows.
 
-Part of ``MainScreen``; the changes are ``engine.operations``', the same the CLI's
+Part of ``MainScreen``; the changes are ``engine.service``', the same the CLI's
 ``pause``, ``resume`` and ``dead-letter replay`` run.
 """
 
@@ -16,14 +16,14 @@ from textual import on, work
 from textual.message import Message
 
 from engine.errors import OutboxError
-from engine.operations import (
+from engine.operating.pauses import PausedBacklog, describe_scope
+from engine.service import (
     dedup_check,
     pause_type,
     paused_backlog,
     resume_type,
     waiting_of_type,
 )
-from engine.pauses import PausedBacklog, describe_scope
 from outbox_tui.messages import ActionFailed
 from outbox_tui.screens.base import ConsoleScreen
 from outbox_tui.screens.confirm import Confirmation, ConfirmModal

@@ -5,7 +5,7 @@ dispatch switch (``dispatch_switch``) are the parts it combines; its key binding
 come from the action table (``outbox_tui.actions``).
 
 Data flow: a timer starts an exclusive ``poll`` worker; the worker asks
-``OutboxInsights`` (the live overview, the top types, the page) and ``engine.operations``
+``OutboxInsights`` (the live overview, the top types, the page) and ``engine.service``
 (the active pauses) and posts ``PollSucceeded`` / ``PollFailed``; the handlers
 update the widgets, and add the snapshot to the ``Trends`` ring the overview draws.
 The next poll is scheduled only after the previous one finished, so polls never
@@ -33,10 +33,10 @@ from textual.widgets import Static
 from textual.worker import Worker, WorkerState
 
 from engine.errors import OutboxError
-from engine.insights import OverviewSnapshot
-from engine.operations import paused_backlog
-from engine.schema import DEAD_LETTER
-from engine.trends import Sample, Trends
+from engine.operating.insights import OverviewSnapshot
+from engine.operating.trends import Sample, Trends
+from engine.service import paused_backlog
+from engine.storage.schema import DEAD_LETTER
 from outbox_tui.actions import bindings
 from outbox_tui.messages import (
     ActionFailed,

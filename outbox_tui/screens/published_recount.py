@@ -15,7 +15,7 @@ from datetime import datetime
 from textual import work
 
 from engine.errors import OutboxError
-from engine.insights import OverviewSnapshot, PublishedMark, PublishedTotals
+from engine.operating.insights import OverviewSnapshot, PublishedMark, PublishedTotals
 from outbox_tui.screens.base import ConsoleScreen
 
 

@@ -14,7 +14,7 @@ from rich.text import Text
 from textual.binding import Binding
 from textual.coordinate import Coordinate
 
-from engine.insights import BlockedKey
+from engine.operating.insights import BlockedKey
 from outbox_tui.widgets.format import MUTED_STYLE, duration, one_line, short_id, status_text
 from outbox_tui.widgets.literal_table import LiteralTable
 

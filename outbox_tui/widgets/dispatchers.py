@@ -12,7 +12,7 @@ from textual.containers import Vertical
 from textual.content import Content
 from textual.widgets import DataTable, Static
 
-from engine.insights import HeartbeatView, UnservedType
+from engine.operating.insights import HeartbeatView, UnservedType
 from outbox_tui import PROG
 from outbox_tui.widgets.format import (
     compact,

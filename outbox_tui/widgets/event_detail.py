@@ -15,8 +15,8 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from engine.insights import EventDetail
-from engine.schema import DEAD_LETTER, PUBLISHED
+from engine.operating.insights import EventDetail
+from engine.storage.schema import DEAD_LETTER, PUBLISHED
 from outbox_tui.safe_text import printable
 from outbox_tui.widgets.format import (
     MUTED_STYLE,

@@ -12,7 +12,7 @@ from textual.cache import LRUCache
 from textual.coordinate import Coordinate
 from textual.strip import Strip
 
-from engine.insights import EventSummary
+from engine.operating.insights import EventSummary
 from outbox_tui.widgets.format import (
     MUTED_STYLE,
     age,

@@ -15,8 +15,8 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Static
 
-from engine.insights import OverviewSnapshot, TypeCounts
-from engine.operations.incidents import PausedBacklog
+from engine.operating.insights import OverviewSnapshot, TypeCounts
+from engine.service.incidents import PausedBacklog
 from outbox_tui.widgets.format import RICH_STATUS_STYLES, compact, count, duration, fitted
 from outbox_tui.widgets.pauses import PausesLine
 from outbox_tui.widgets.top_types import TopTypesLine, TopTypesPanel

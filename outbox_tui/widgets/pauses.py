@@ -13,7 +13,7 @@ from datetime import datetime
 from rich.text import Text
 from textual.widgets import Static
 
-from engine.operations.incidents import PausedBacklog
+from engine.service.incidents import PausedBacklog
 from outbox_tui.widgets.format import compact, count, duration, one_line
 
 WARN, MUTED = "#ffaf5f", "#8a8a8a"

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from rich.text import Text
 from textual.widgets import Static
 
-from engine.insights import TypeCounts
+from engine.operating.insights import TypeCounts
 from outbox_tui.widgets.format import RICH_STATUS_STYLES, compact, fitted, one_line
 
 MUTED = "#8a8a8a"

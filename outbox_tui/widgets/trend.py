@@ -1,4 +1,4 @@
-"""Is the backlog shrinking? The trend verdict and its sparklines (``engine.trends``).
+"""Is the backlog shrinking? The trend verdict and its sparklines (``engine.operating.trends``).
 
 ``MainScreen`` keeps the ``Trends`` ring (one sample per refresh) and hands a frozen
 ``TrendView`` to the overview. Two shapes show it:
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from rich.text import Text
 from textual.widgets import Static
 
-from engine.trends import DRAINING, GROWING, HELD, MEASURING, STALLED, Trends, Verdict
+from engine.operating.trends import DRAINING, GROWING, HELD, MEASURING, STALLED, Trends, Verdict
 from outbox_tui.widgets.format import compact, duration
 
 BLOCKS = "▁▂▃▄▅▆▇█"

@@ -24,7 +24,7 @@ import pytest
 from sqlalchemy import func, select, update
 
 from engine import OutboxDispatcher, create_engine, create_schema
-from engine.schema import outbox_events
+from engine.storage.schema import outbox_events
 from outbox_tui.apps import load_registry
 from outbox_tui.examples.orders import create_tables
 from outbox_tui.examples.orders.traffic import generate_orders

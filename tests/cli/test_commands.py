@@ -11,8 +11,8 @@ from sqlalchemy import select, update
 from sqlalchemy.engine import make_url
 
 from engine import EventRegistry, OutboxEventPublisher, create_engine, create_schema, unit_of_work
-from engine.insights import EventFilter, OutboxInsights
-from engine.schema import DEAD_LETTER, PUBLISHED, outbox_events, replay_log
+from engine.operating.insights import EventFilter, OutboxInsights
+from engine.storage.schema import DEAD_LETTER, PUBLISHED, outbox_events, replay_log
 from outbox_tui.cli import main
 from tests.cli.conftest import APP, Cli, rewrite_dead_letters, sqlite_only, status_counts
 from tests.engine.conftest import CTX

@@ -9,8 +9,8 @@ import pytest
 from sqlalchemy import select
 
 from engine import create_engine
-from engine.insights import BlockedKey, OutboxInsights
-from engine.schema import DEAD_LETTER, replay_log
+from engine.operating.insights import BlockedKey, OutboxInsights
+from engine.storage.schema import DEAD_LETTER, replay_log
 from tests.cli.conftest import APP, Cli, status_counts
 from tests.cli.test_commands import STATS_KEYS, masked
 from tests.old_schema import OLD_STATUSES, create_old_schema

@@ -13,7 +13,7 @@ import aio_pika
 import pytest
 
 from engine import create_engine
-from engine.insights import HeartbeatView, OutboxInsights
+from engine.operating.insights import HeartbeatView, OutboxInsights
 from tests.cli.conftest import APP, Cli, read_json_lines, sqlite_only, status_counts
 
 RUN_KEYS = {

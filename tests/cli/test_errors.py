@@ -271,7 +271,7 @@ def test_a_url_in_the_wrong_setting_is_masked_in_its_error(cli: Cli, tmp_path: P
 
 def test_the_engine_and_the_front_end_name_the_same_program() -> None:
     """The engine's hints (``outbox-tui init-db``) and the CLI's ``PROG`` cannot drift."""
-    from engine.database import INIT_DB, PROGRAM
+    from engine.storage.database import INIT_DB, PROGRAM
     from outbox_tui import PROG
 
     assert PROGRAM == PROG

@@ -9,8 +9,8 @@ from sqlalchemy import select, update
 
 from engine import create_engine
 from engine.clock import utc_now
-from engine.pauses import pause_history
-from engine.schema import DEAD_LETTER, PENDING, outbox_events
+from engine.operating.pauses import pause_history
+from engine.storage.schema import DEAD_LETTER, PENDING, outbox_events
 from tests.cli.conftest import APP, Cli, sqlite_only, status_counts
 
 GROUP_KEYS = {

@@ -18,8 +18,8 @@ from engine import (
     create_schema,
     unit_of_work,
 )
-from engine.publisher import OutboxEvent
-from engine.schema import outbox_events
+from engine.storage.schema import outbox_events
+from engine.writing.publisher import OutboxEvent
 from tests.cli import counting_app
 from tests.cli.conftest import (
     COUNTING_APP,

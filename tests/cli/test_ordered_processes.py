@@ -31,8 +31,8 @@ from engine import (
     create_schema,
     unit_of_work,
 )
-from engine.publisher import OutboxEvent
-from engine.schema import outbox_events as t
+from engine.storage.schema import outbox_events as t
+from engine.writing.publisher import OutboxEvent
 from tests.cli import ordered_app
 from tests.cli.conftest import (
     ORDERED_APP,

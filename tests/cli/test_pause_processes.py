@@ -24,9 +24,9 @@ from engine import (
     create_schema,
     unit_of_work,
 )
-from engine.insights import OutboxInsights
-from engine.publisher import OutboxEvent
-from engine.schema import PENDING, PUBLISHING, outbox_events
+from engine.operating.insights import OutboxInsights
+from engine.storage.schema import PENDING, PUBLISHING, outbox_events
+from engine.writing.publisher import OutboxEvent
 from tests.cli import counting_app
 from tests.cli.conftest import (
     COUNTING_APP,

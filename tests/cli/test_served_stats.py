@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 from rich.console import Console
 
 from engine import create_engine
-from engine.heartbeat import Heartbeat
-from engine.insights import HeartbeatView, OverviewSnapshot, UnservedType
+from engine.operating.insights import HeartbeatView, OverviewSnapshot, UnservedType
+from engine.running.heartbeat import Heartbeat
 from outbox_tui import output
 from tests.cli.conftest import Cli, seed_orders, sqlite_only
 

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from engine.schema import DEAD_LETTER, PUBLISHED
+from engine.storage.schema import DEAD_LETTER, PUBLISHED
 
 from .conftest import APP, Cli, cli_env, sqlite_only
 from .test_commands import _ids

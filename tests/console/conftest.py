@@ -11,9 +11,9 @@ from textual.pilot import Pilot
 
 from engine import OutboxDispatcher, create_engine, create_schema
 from engine.clock import Clock
-from engine.insights import OutboxInsights
-from engine.registry import EventRegistry
+from engine.operating.insights import OutboxInsights
 from engine.settings import DispatcherSettings
+from engine.writing.registry import EventRegistry
 from outbox_tui.app import ConsoleConfig, OutboxConsole, make_app
 from outbox_tui.apps import load_registry
 from outbox_tui.examples.orders import create_tables

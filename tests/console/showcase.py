@@ -29,13 +29,13 @@ from textual.command import CommandList, CommandPalette
 from textual.pilot import Pilot
 
 from engine import BackoffPolicy, OutboxDispatcher, create_engine, create_schema, replay_dead_letter
-from engine.heartbeat import Heartbeat
-from engine.insights import EventSummary
-from engine.pauses import pause
-from engine.registry import EventRegistry
-from engine.schema import DEAD_LETTER, outbox_events
+from engine.dispatch.store import claim_batch
+from engine.operating.insights import EventSummary
+from engine.operating.pauses import pause
+from engine.running.heartbeat import Heartbeat
 from engine.settings import DispatcherSettings
-from engine.store import claim_batch
+from engine.storage.schema import DEAD_LETTER, outbox_events
+from engine.writing.registry import EventRegistry
 from outbox_tui.app import ConsoleConfig, OutboxConsole, make_app
 from outbox_tui.apps import load_registry
 from outbox_tui.examples.orders import create_tables
@@ -84,7 +84,7 @@ def seeded_ids(seed: int = 20260314) -> Iterator[None]:
         return uuid.UUID(int=rng.getrandbits(128), version=4)
 
     with (
-        mock.patch("engine.publisher.uuid7", event_id),
+        mock.patch("engine.writing.publisher.uuid7", event_id),
         mock.patch("outbox_tui.examples.orders.app.uuid", SimpleNamespace(uuid4=order_id)),
     ):
         yield

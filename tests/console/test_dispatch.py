@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from engine import EventRegistry, create_engine
-from engine.insights import OutboxInsights
+from engine.operating.insights import OutboxInsights
 
 from .conftest import SIZE, console, counts, dialog, press_to_exit, started, until
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from textual.widgets import Input, Static
 
-from engine.insights import EventFilter
+from engine.operating.insights import EventFilter
 from outbox_tui.screens.filter import FilterModal, parse_statuses
 from outbox_tui.widgets.event_table import EventTable
 

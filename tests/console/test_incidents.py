@@ -12,8 +12,8 @@ from textual.widgets._footer import FooterKey
 
 from engine import create_engine
 from engine.clock import utc_now
-from engine.pauses import paused_backlog, waiting
-from engine.schema import DEAD_LETTER, outbox_events
+from engine.operating.pauses import paused_backlog, waiting
+from engine.storage.schema import DEAD_LETTER, outbox_events
 from outbox_tui.screens.confirm import ConfirmModal
 from outbox_tui.screens.error_groups import ErrorGroupsScreen
 from outbox_tui.screens.group_events import GroupEventsScreen

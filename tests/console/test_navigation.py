@@ -8,7 +8,7 @@ import json
 from rich.console import Console
 
 from engine import create_engine
-from engine.insights import EventFilter, OutboxInsights
+from engine.operating.insights import EventFilter, OutboxInsights
 from outbox_tui.screens.help import HelpScreen
 from outbox_tui.widgets.event_detail import EventDetailPane, render_detail
 from outbox_tui.widgets.event_table import EventTable
@@ -197,7 +197,7 @@ def test_a_payload_too_deep_for_the_tree_view_is_named_not_fatal():
     """A payload can decode and still nest too deeply to indent on the console's stack."""
     from datetime import UTC, datetime
 
-    from engine.event_views import EventDetail
+    from engine.operating.event_views import EventDetail
 
     deep = json.loads("[" * 850 + "]" * 850)
     detail = EventDetail({"id": "e-1", "status": "pending"}, {"deep": deep}, None)

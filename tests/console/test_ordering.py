@@ -11,9 +11,9 @@ from sqlalchemy import select
 from textual.widgets import Input
 
 from engine import create_engine
-from engine.insights import BlockedKey, EventFilter, OutboxInsights
-from engine.registry import EventRegistry
-from engine.schema import DEAD_LETTER, replay_log
+from engine.operating.insights import BlockedKey, EventFilter, OutboxInsights
+from engine.storage.schema import DEAD_LETTER, replay_log
+from engine.writing.registry import EventRegistry
 from outbox_tui.screens.filter import FilterModal
 from outbox_tui.screens.help import HelpScreen, keys_table
 from outbox_tui.widgets.blocked_keys import BlockedKeysTable

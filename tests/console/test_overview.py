@@ -10,11 +10,11 @@ from sqlalchemy import select, update
 
 from engine import create_engine
 from engine.clock import utc_now
-from engine.insights import OutboxInsights, TypeCounts
-from engine.operations import pause_type, resume_type
-from engine.pauses import Pause, PausedBacklog, paused_backlog
-from engine.schema import DEAD_LETTER, FAILED, PENDING, PUBLISHED, PUBLISHING, outbox_events
-from engine.trends import DRAINING, Verdict
+from engine.operating.insights import OutboxInsights, TypeCounts
+from engine.operating.pauses import Pause, PausedBacklog, paused_backlog
+from engine.operating.trends import DRAINING, Verdict
+from engine.service import pause_type, resume_type
+from engine.storage.schema import DEAD_LETTER, FAILED, PENDING, PUBLISHED, PUBLISHING, outbox_events
 from outbox_tui.widgets.pauses import PausesLine, pause_lines, pause_text
 from outbox_tui.widgets.top_types import (
     TopTypesLine,

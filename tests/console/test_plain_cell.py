@@ -17,7 +17,7 @@ from textual.app import App, ComposeResult
 from textual.renderables.styled import Styled
 from textual.widgets import DataTable
 
-from engine.event_views import EventSummary
+from engine.operating.event_views import EventSummary
 from outbox_tui.widgets.event_table import EventTable
 from outbox_tui.widgets.literal_table import LiteralTable, text_width
 from outbox_tui.widgets.plain_cell import plain_cell_lines

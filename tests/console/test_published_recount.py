@@ -10,8 +10,8 @@ from pathlib import Path
 from sqlalchemy import delete, func, select
 
 from engine import create_engine
-from engine.operations import open_engine
-from engine.schema import PUBLISHED, outbox_events
+from engine.service import open_engine
+from engine.storage.schema import PUBLISHED, outbox_events
 from outbox_tui.widgets.overview import CountTile
 
 from .conftest import SIZE, console, counts, refreshed, started, until

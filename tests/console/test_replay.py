@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from engine import create_engine
-from engine.insights import EventFilter, OutboxInsights
+from engine.operating.insights import EventFilter, OutboxInsights
 from outbox_tui.widgets.event_table import EventTable
 
 from .conftest import SIZE, console, counts, dialog, open_dead_letters, paste, started, until

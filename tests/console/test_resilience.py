@@ -13,8 +13,8 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from engine import EventRegistry, OutboxEventPublisher, create_engine, create_schema, unit_of_work
-from engine.publisher import OutboxEvent
 from engine.settings import OutboxSettings
+from engine.writing.publisher import OutboxEvent
 from outbox_tui.console import run_console
 from outbox_tui.widgets.event_table import EventTable
 

@@ -10,8 +10,8 @@ from textual.content import Content
 from textual.widgets import DataTable
 
 from engine import create_engine
-from engine.heartbeat import Heartbeat
-from engine.insights import HeartbeatView, UnservedType
+from engine.operating.insights import HeartbeatView, UnservedType
+from engine.running.heartbeat import Heartbeat
 from outbox_tui.widgets.dispatchers import DispatchersPanel, plan_columns, unserved_note
 from outbox_tui.widgets.format import served_types
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from textual import events
 from textual.widgets import Input
 
-from engine.insights import EventFilter
+from engine.operating.insights import EventFilter
 from outbox_tui.screens.filter import FilterModal
 
 from .conftest import SIZE, burst, console, counts, dialog, open_dead_letters, started, until

@@ -7,7 +7,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from engine import EventRegistry, EventSchemaSpec, TaskContext
-from engine.schema import outbox_events
+from engine.storage.schema import outbox_events
 
 ORDER_PLACED = EventSchemaSpec(required={"order_id": str, "amount": int}, optional={"note": str})
 

@@ -10,7 +10,7 @@ from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from engine.clock import uuid7
-from engine.schema import outbox_events
+from engine.storage.schema import outbox_events
 
 
 def event_row(

@@ -13,7 +13,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
 from engine import create_engine
-from engine.database import SQLITE_BUSY_TIMEOUT_SECONDS, begin_promptly
+from engine.storage.database import SQLITE_BUSY_TIMEOUT_SECONDS, begin_promptly
 
 
 async def _rows(url: str) -> list[int]:

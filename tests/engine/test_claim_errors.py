@@ -1,7 +1,7 @@
 """A claim's database errors reach callers as SQLAlchemy's, whichever path ran the claim.
 
-On PostgreSQL the claim statement runs on the asyncpg connection itself (engine.store), so
-the run loop's storage-error handling (engine.runner.STORAGE_ERRORS) depends on its errors
+On PostgreSQL the claim statement runs on the asyncpg connection itself (engine.dispatch.store), so
+the run loop's storage-error handling (engine.running.run_loop.STORAGE_ERRORS) depends on its errors
 being translated as ``execute`` would raise them.
 """
 
@@ -13,8 +13,9 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError, ProgrammingError
 
-from engine import create_engine, create_schema, store
-from engine.runner import STORAGE_ERRORS
+from engine import create_engine, create_schema
+from engine.dispatch import store
+from engine.running.run_loop import STORAGE_ERRORS
 
 
 async def claim(db, clock) -> store.ClaimedBatch:

@@ -10,8 +10,8 @@ import pytest
 
 from engine import DispatchResult, OutboxDispatcher, OutboxEventPublisher, unit_of_work
 from engine.errors import ConfigurationError
-from engine.insights import OutboxInsights
-from engine.publisher import OutboxEvent
+from engine.operating.insights import OutboxInsights
+from engine.writing.publisher import OutboxEvent
 
 from .conftest import CTX, order_payload, row
 from .test_dispatch import publish

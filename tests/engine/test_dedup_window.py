@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 
 from engine.errors import ConfigurationError
-from engine.replay import check_dedup_window
+from engine.operating.replay import check_dedup_window
 from engine.settings import load_settings
 
 from .seeding import event_row, insert_events

@@ -16,7 +16,7 @@ import pytest
 
 from engine import DispatchResult, OutboxDispatcher, create_engine, create_schema
 from engine.errors import EventHandlerPermanentError
-from engine.pauses import pause
+from engine.operating.pauses import pause
 
 from .conftest import rows
 from .test_relay_prefetch import (

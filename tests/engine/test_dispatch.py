@@ -21,10 +21,10 @@ from engine import (
     unit_of_work,
 )
 from engine.context import current_task_context
-from engine.database import read_only_engine
-from engine.dispatcher import ExternalPublishResult
-from engine.publisher import OutboxEvent
-from engine.schema import handler_runs
+from engine.dispatch.dispatcher import ExternalPublishResult
+from engine.storage.database import read_only_engine
+from engine.storage.schema import handler_runs
+from engine.writing.publisher import OutboxEvent
 
 from .conftest import CTX, order_payload, row, rows
 
@@ -400,7 +400,7 @@ async def test_a_round_that_raises_loses_no_count(db, registry, clock):
 
 async def test_a_row_whose_leases_keep_expiring_is_dead_lettered_not_looped(db, registry, clock):
     [event_id] = await publish(db, registry, max_attempts=2)
-    from engine import store
+    from engine.dispatch import store
 
     for _ in range(2):  # two dispatchers crash while holding it
         async with db.begin() as conn:
@@ -663,7 +663,7 @@ async def test_expired_leases_are_reclaimed_one_at_a_time_so_a_poison_row_cannot
     db, registry, clock
 ):
     """A row that kills its dispatcher spends only its own attempts."""
-    from engine import store
+    from engine.dispatch import store
 
     ids = await publish(db, registry, count=5, max_attempts=3)
     lease = timedelta(seconds=5)

@@ -9,7 +9,8 @@ import pytest
 from sqlalchemy import select
 
 from engine import EventHandlerPermanentError, OutboxDispatcher, replay
-from engine.error_groups import (
+from engine.errors import ConfigurationError
+from engine.operating.error_groups import (
     NO_ERROR,
     GroupMembers,
     error_groups,
@@ -17,9 +18,8 @@ from engine.error_groups import (
     group_members,
     normalise_error,
 )
-from engine.errors import ConfigurationError
-from engine.replay import replay_dead_letter, replay_group
-from engine.schema import replay_log
+from engine.operating.replay import replay_dead_letter, replay_group
+from engine.storage.schema import replay_log
 
 from .conftest import row
 from .seeding import event_row, insert_events

@@ -8,8 +8,9 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import bindparam, text
 
-from engine import create_engine, create_schema, store
-from engine.schema import UtcDateTime
+from engine import create_engine, create_schema
+from engine.dispatch import store
+from engine.storage.schema import UtcDateTime
 
 pytestmark = pytest.mark.postgresql
 

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from engine.handler_timeouts import HandlerTimedOut, HandlerTimeouts
+from engine.dispatch.handler_timeouts import HandlerTimedOut, HandlerTimeouts
 
 LIMIT = 1.0  # far above the 0.01 s calls that must pass, on a loaded machine too
 

@@ -9,8 +9,8 @@ from sqlalchemy import insert
 
 from engine import EventHandlerPermanentError, OutboxDispatcher, replay_dead_letter, store
 from engine.errors import ConfigurationError, EventNotFoundError
-from engine.insights import EventFilter, OutboxInsights
-from engine.schema import outbox_events, process_heartbeats
+from engine.operating.insights import EventFilter, OutboxInsights
+from engine.storage.schema import outbox_events, process_heartbeats
 
 from .seeding import event_row, insert_events
 from .test_dispatch import publish
@@ -81,7 +81,7 @@ async def test_status_and_aggregate_filters_find_rows_in_flight_and_published_al
     db, registry, clock
 ):
     """On PostgreSQL the status and aggregate indexes leave out what a drain writes
-    (engine.schema); the filters still find every row, whatever its state."""
+    (engine.storage.schema); the filters still find every row, whatever its state."""
 
     @registry.handler("orders.placed", key="orders.fail")
     async def fail(envelope):
@@ -167,7 +167,7 @@ async def test_top_types_rank_event_types_by_undelivered_events(db, clock):
             for _ in range(n)
         ),
     )
-    async with db.begin() as conn:  # a publishing row holds a lease (engine.schema)
+    async with db.begin() as conn:  # a publishing row holds a lease (engine.storage.schema)
         await conn.execute(
             outbox_events.update()
             .where(outbox_events.c.status == "publishing")

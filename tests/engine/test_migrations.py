@@ -9,11 +9,11 @@ from sqlalchemy import bindparam, func, inspect, select, text
 
 from engine import DispatchResult, OutboxDispatcher, create_schema, insights, store
 from engine.clock import utc_now
-from engine.database import check_schema
-from engine.dispatch_health import KEY_UNFINISHED
 from engine.errors import SchemaOutdatedError
-from engine.schema import UtcDateTime, metadata
-from engine.schema import outbox_events as t
+from engine.operating.dispatch_health import KEY_UNFINISHED
+from engine.storage.database import check_schema
+from engine.storage.schema import UtcDateTime, metadata
+from engine.storage.schema import outbox_events as t
 from tests.old_schema import OLD_STATUSES, create_old_schema
 
 from .conftest import rows

@@ -18,10 +18,10 @@ from engine import (
     unit_of_work,
 )
 from engine.errors import ReplayError
-from engine.insights import EventFilter, OutboxInsights
-from engine.publisher import OutboxEvent
-from engine.replay import replay_dead_letter, skip_dead_letter
-from engine.schema import outbox_events, replay_log
+from engine.operating.insights import EventFilter, OutboxInsights
+from engine.operating.replay import replay_dead_letter, skip_dead_letter
+from engine.storage.schema import outbox_events, replay_log
+from engine.writing.publisher import OutboxEvent
 
 from .conftest import CTX, order_payload, row
 
@@ -375,7 +375,7 @@ async def test_producers_that_lock_their_aggregate_write_a_key_in_commit_order(d
 
 async def claim(db, clock, dispatcher_id="d", **kw):
     """One claim_batch of ``dispatcher_id`` in its own transaction."""
-    from engine import store
+    from engine.dispatch import store
 
     async with db.begin() as conn:
         return await store.claim_batch(
@@ -385,7 +385,7 @@ async def claim(db, clock, dispatcher_id="d", **kw):
 
 async def complete(db, clock, batch, dispatcher_id="d"):
     """Mark every row of ``batch`` published, as its dispatcher would."""
-    from engine import store
+    from engine.dispatch import store
 
     claims = [(r.event_id, r.claim_version) for r in batch.rows]
     async with db.begin() as conn:

@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 
 from engine.errors import ConfigurationError, PauseError
-from engine.pauses import (
+from engine.operating.pauses import (
     ClaimFilter,
     Pause,
     active_pauses,

@@ -8,7 +8,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 
 from engine import DispatchResult, OutboxDispatcher
-from engine.insights import EventFilter, OutboxInsights
+from engine.operating.insights import EventFilter, OutboxInsights
 
 from .conftest import row
 

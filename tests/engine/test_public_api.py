@@ -31,9 +31,9 @@ def test_every_name_in_all_imports() -> None:
 
 
 def test_the_operator_types_are_exported() -> None:
-    from engine.error_groups import ErrorGroup, ErrorGroups
-    from engine.insights import TypeCounts, UnservedType
-    from engine.pauses import Pause, PausedBacklog
+    from engine.operating.error_groups import ErrorGroup, ErrorGroups
+    from engine.operating.insights import TypeCounts, UnservedType
+    from engine.operating.pauses import Pause, PausedBacklog
 
     for value in (ErrorGroup, ErrorGroups, TypeCounts, UnservedType, Pause, PausedBacklog):
         assert getattr(engine, value.__name__) is value

@@ -16,7 +16,7 @@ from engine import (
     unit_of_work,
 )
 from engine.errors import TenantMismatchError, UnknownEventTypeError
-from engine.schema import outbox_events
+from engine.storage.schema import outbox_events
 
 from .conftest import CTX, order_payload, rows
 
@@ -167,7 +167,7 @@ async def test_payload_must_carry_tenant_actor_and_request_without_a_context(db,
 
 
 async def test_publish_many_writes_all_rows_with_time_ordered_ids(db, registry):
-    from engine.publisher import OutboxEvent
+    from engine.writing.publisher import OutboxEvent
 
     drafts = [
         OutboxEvent("orders.placed", order_payload(f"o-{i}"), "order", f"o-{i}") for i in range(50)
@@ -259,7 +259,7 @@ async def test_a_task_started_inside_a_unit_gets_its_own_unit(db, registry):
 
 
 # On PostgreSQL a publish that follows another statement of its transaction inserts on the
-# session's asyncpg connection (engine.publisher._insert_on_driver); one that opens the
+# session's asyncpg connection (engine.writing.publisher._insert_on_driver); one that opens the
 # transaction goes through session.execute, which begins it. Both ways, on both databases:
 LEADS = ["publish first", "after a business write"]
 
@@ -272,7 +272,7 @@ async def _lead(session, lead: str) -> None:
 @pytest.mark.parametrize("lead", LEADS)
 @pytest.mark.parametrize("outcome", ["commit", "rollback"])
 async def test_events_commit_and_roll_back_with_the_unit_either_way(db, registry, lead, outcome):
-    from engine.publisher import OutboxEvent
+    from engine.writing.publisher import OutboxEvent
 
     await _create_orders(db)
     drafts = [
@@ -314,7 +314,7 @@ async def test_publish_many_keeps_write_order_when_only_some_events_set_max_atte
     db, registry, lead
 ):
     """Rows with and without max_attempts need different column lists; order must hold."""
-    from engine.publisher import OutboxEvent
+    from engine.writing.publisher import OutboxEvent
 
     await _create_orders(db)
     registry.set_ordering("orders.cancelled")
@@ -362,7 +362,9 @@ async def test_a_non_json_payload_and_a_database_error_are_raised_as_before(
                 aggregate_type="order",
                 aggregate_id="o-1",
             )
-    monkeypatch.setattr("engine.publisher.uuid7", lambda: "0190a8e0-0000-7000-8000-00000000000d")
+    monkeypatch.setattr(
+        "engine.writing.publisher.uuid7", lambda: "0190a8e0-0000-7000-8000-00000000000d"
+    )
     async with unit_of_work(db, registry=registry, context=CTX) as session:
         await OutboxEventPublisher(session).publish(
             "orders.placed", order_payload(), aggregate_type="order", aggregate_id="o-1"

@@ -9,10 +9,12 @@ import pytest
 from sqlalchemy import ARRAY, Text, bindparam, func, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 
-from engine import create_engine, create_schema, dispatch_health, insights, pauses, store
-from engine.event_views import SUMMARY_COLUMNS, EventFilter, filtered
-from engine.schema import IN_FLIGHT_PREDICATE, KEYED_PREDICATE, UtcDateTime
-from engine.schema import outbox_events as t
+from engine import create_engine, create_schema
+from engine.dispatch import store
+from engine.operating import dispatch_health, insights, pauses
+from engine.operating.event_views import SUMMARY_COLUMNS, EventFilter, filtered
+from engine.storage.schema import IN_FLIGHT_PREDICATE, KEYED_PREDICATE, UtcDateTime
+from engine.storage.schema import outbox_events as t
 
 
 def _sql(db, stmt) -> str:
@@ -37,7 +39,7 @@ def _assert_no_table_scan(plan: str) -> None:
 
 
 def key_index(db) -> str:
-    """The index a dialect's ordered claim and per-key queries read (engine.schema.ONLY_ON)."""
+    """The index a dialect's ordered claim and per-key queries read (schema.ONLY_ON)."""
     return {"postgresql": "ix_outbox_events_key_turn", "sqlite": "ix_outbox_events_key_order"}[
         db.dialect.name
     ]
@@ -505,7 +507,7 @@ async def test_the_unordered_claim_indexes_leave_out_rows_in_flight(db):
 
 async def test_status_and_aggregate_indexes_leave_out_what_a_drain_writes_on_postgresql(db):
     """Claims (publishing) and completions (published) write no entry into the status
-    index, claims none into the aggregate index; SQLite keeps both full (engine.schema)."""
+    index, claims none into the aggregate index; SQLite keeps both full (engine.storage.schema)."""
     found = await _index_definitions(db)
     status, aggregate = (
         found["ix_outbox_events_backlog_id"],
@@ -568,7 +570,7 @@ async def test_the_retention_purge_reads_the_published_at_index_with_statistics_
     In the purge's transaction (retention.PURGE_PLAN) the published_at index serves it.
     Since 0.6 the status index holds no published row on PostgreSQL, so the plan without
     PURGE_PLAN reads the published_at index too; both must."""
-    from engine import retention
+    from engine.operating import retention
 
     engine = create_engine(pg_url)
     await create_schema(engine)

@@ -14,9 +14,9 @@ from collections import Counter
 import pytest
 
 from engine import DispatchResult, OutboxDispatcher, OutboxEventPublisher, unit_of_work
-from engine.dispatcher import ExternalPublishResult
-from engine.publisher import OutboxEvent
-from engine.runner import run_dispatcher
+from engine.dispatch.dispatcher import ExternalPublishResult
+from engine.running.run_loop import run_dispatcher
+from engine.writing.publisher import OutboxEvent
 
 from .conftest import CTX, order_payload, rows
 

@@ -18,8 +18,8 @@ from engine import (
     run_event_side_effect,
 )
 from engine.errors import OutboxError
-from engine.idempotency import IdempotencyStore
-from engine.schema import replay_log, side_effects
+from engine.handlers.idempotency import IdempotencyStore
+from engine.storage.schema import replay_log, side_effects
 
 from .conftest import row
 from .test_dispatch import publish

@@ -14,8 +14,8 @@ from collections import Counter
 import pytest
 
 from engine import OutboxDispatcher
-from engine.envelope import EventEnvelope
-from engine.store import ClaimedRow
+from engine.dispatch.store import ClaimedRow
+from engine.writing.envelope import EventEnvelope
 
 from .test_relay_prefetch import publish
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 from datetime import timedelta
 
 from engine import OutboxDispatcher, store
-from engine.backoff import BackoffPolicy
-from engine.schema import outbox_events
+from engine.dispatch.backoff import BackoffPolicy
+from engine.storage.schema import outbox_events
 
 from .conftest import rows
 from .test_relay_prefetch import publish

@@ -13,10 +13,10 @@ from datetime import timedelta
 from sqlalchemy import text
 
 from engine import EventRegistry, OutboxDispatcher
-from engine.dispatcher import ExternalPublishResult
-from engine.heartbeat import Heartbeat
-from engine.insights import OutboxInsights
-from engine.store import ClaimScope, claim_batch
+from engine.dispatch.dispatcher import ExternalPublishResult
+from engine.dispatch.store import ClaimScope, claim_batch
+from engine.operating.insights import OutboxInsights
+from engine.running.heartbeat import Heartbeat
 
 from .conftest import row
 
@@ -188,7 +188,7 @@ async def test_stats_names_the_types_no_live_dispatcher_serves(db, registry, clo
 
 
 async def test_paused_types_and_tenants_wait_unattempted_until_resumed(db, registry, clock):
-    from engine.pauses import pause, resume
+    from engine.operating.pauses import pause, resume
 
     seen: list[str] = []
     handling(registry, "orders.placed", seen)

@@ -25,8 +25,8 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from engine import create_engine
-from engine.aiosqlite_connect import FIRST_ROWS
-from engine.database import SQLITE_BUSY_TIMEOUT_SECONDS, waiting_at_most
+from engine.storage.aiosqlite_connect import FIRST_ROWS
+from engine.storage.database import SQLITE_BUSY_TIMEOUT_SECONDS, waiting_at_most
 
 
 def _workers() -> set[threading.Thread]:

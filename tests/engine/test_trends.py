@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from engine.errors import ConfigurationError
-from engine.trends import Sample, Trends
+from engine.operating.trends import Sample, Trends
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from engine import BackoffPolicy, EventRegistry, EventSchemaSpec, mask_url
 from engine.clock import uuid7
-from engine.database import mask_secrets, parse_database_url
 from engine.errors import ConfigurationError, DatabaseUrlError, EventRegistrationError
+from engine.storage.database import mask_secrets, parse_database_url
 
 
 def test_uuid7_is_version_7_and_strictly_increasing():
@@ -196,7 +196,7 @@ def test_the_payload_decoder_accepts_and_refuses_exactly_what_strict_json_loads_
     (which json.dumps writes for inf) is refused, as by every JSON parser but Python's."""
     import json
 
-    from engine.store import decode_json
+    from engine.dispatch.store import decode_json
 
     text = before + json.dumps(value) + after
     ours, theirs = _loads_outcome(decode_json, text), _loads_outcome(_strict_loads, text)
@@ -209,7 +209,7 @@ def test_the_payload_decoder_accepts_and_refuses_exactly_what_strict_json_loads_
 def test_the_payload_decoder_agrees_with_json_loads_on_any_text(text):
     import json
 
-    from engine.store import decode_json
+    from engine.dispatch.store import decode_json
 
     ours, theirs = _loads_outcome(decode_json, text), _loads_outcome(_strict_loads, text)
     assert ours[0] == theirs[0]
@@ -228,7 +228,7 @@ def _strict_loads(text):
 
 @pytest.mark.parametrize("text", ["NaN", "[1, Infinity]", ' {"a": -Infinity}', "NaN x"])
 def test_the_payload_decoder_refuses_what_only_python_calls_json(text):
-    from engine.store import decode_json
+    from engine.dispatch.store import decode_json
 
     with pytest.raises(ValueError, match="is not JSON"):
         decode_json(text)
@@ -261,7 +261,7 @@ def test_an_envelope_from_a_row_is_the_one_its_constructor_makes():
     from dataclasses import replace
 
     from engine import TaskContext
-    from engine.envelope import EventEnvelope
+    from engine.writing.envelope import EventEnvelope
 
     row, payload = _row(), {"tenant_id": "acme", "actor_id": 7, "trace_id": "t"}
     built = EventEnvelope.from_row(row, payload)
@@ -286,8 +286,8 @@ def test_an_envelope_from_a_row_is_the_one_its_constructor_makes():
 def _decode_outcomes(registry, row, payload_text, max_attempts=None):
     """What the dispatcher's quick decode and its full checks make of one claimed row."""
     from engine import create_engine
-    from engine.dispatcher import OutboxDispatcher
-    from engine.store import ClaimedRow
+    from engine.dispatch.dispatcher import OutboxDispatcher
+    from engine.dispatch.store import ClaimedRow
 
     dispatcher = OutboxDispatcher(
         create_engine("sqlite+aiosqlite:///unused.db"), registry, max_attempts=max_attempts
@@ -357,7 +357,7 @@ def test_the_quick_decode_takes_only_rows_the_full_checks_pass_and_builds_the_sa
     ],
 )
 def test_a_corrupt_row_is_named_by_its_column_and_a_sound_one_passes(column, value):
-    from engine.store import ClaimedRow
+    from engine.dispatch.store import ClaimedRow
 
     assert ClaimedRow(_row(), "{}").problem() is None
     problem = ClaimedRow(_row(**{column: value}), "{}").problem()
@@ -369,7 +369,7 @@ def test_a_read_only_sqlite_file_says_what_the_reader_lacks():
     file gets the reason, not a bare driver message."""
     import sqlite3
 
-    from engine.database import translate_storage_error
+    from engine.storage.database import translate_storage_error
 
     error = translate_storage_error(
         sqlite3.OperationalError("attempt to write a readonly database")
@@ -380,7 +380,7 @@ def test_a_read_only_sqlite_file_says_what_the_reader_lacks():
 
 async def test_a_url_query_parameter_the_driver_does_not_take_is_a_url_error():
     """asyncpg's connect() raises TypeError for ``?bogus=1``: a bad URL (exit 2), not a bug."""
-    from engine.database import storage_errors
+    from engine.storage.database import storage_errors
 
     with pytest.raises(DatabaseUrlError, match="query parameter its driver does not take: 'bogus'"):
         async with storage_errors():

@@ -5,8 +5,8 @@ from __future__ import annotations
 from sqlalchemy import select
 
 from engine import EventRegistry, OutboxDispatcher, create_engine, create_schema
-from engine.insights import OutboxInsights
-from engine.schema import outbox_events, side_effects
+from engine.operating.insights import OutboxInsights
+from engine.storage.schema import outbox_events, side_effects
 from outbox_tui.examples.orders import create_tables, register
 from outbox_tui.examples.orders.traffic import generate_orders
 

@@ -23,8 +23,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from engine import EventRegistry, OutboxEventPublisher, TaskContext, unit_of_work
-from engine.publisher import OutboxEvent
 from engine.relay import RabbitMqOutboxPublisher
+from engine.writing.publisher import OutboxEvent
 from tests.engine.conftest import registry  # noqa: F401 - shared fixture
 
 RMQCTL_ENV = "OUTBOX_TEST_RMQCTL"

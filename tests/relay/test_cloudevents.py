@@ -8,7 +8,6 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from engine.envelope import EventEnvelope
 from engine.relay.cloudevents import (
     encode_cloudevent,
     event_source,
@@ -17,6 +16,7 @@ from engine.relay.cloudevents import (
     to_cloudevent,
     traceparent_for,
 )
+from engine.writing.envelope import EventEnvelope
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 SPAN = "00f067aa0ba902b7"

@@ -26,12 +26,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from engine import BackoffPolicy, DispatchResult, EventEnvelope, OutboxDispatcher, OutboxError
 from engine.clock import uuid7
 from engine.context import TaskContext
-from engine.database import mask_url
-from engine.dispatcher import ExternalPublishResult
+from engine.dispatch.dispatcher import ExternalPublishResult
 from engine.errors import ConfigurationError
 from engine.relay import BrokerUnavailableError, RabbitMqOutboxPublisher
 from engine.relay import rabbitmq as rabbitmq_relay
 from engine.relay.cloudevents import rfc3339
+from engine.storage.database import mask_url
 from tests.engine.conftest import rows
 
 from .conftest import TRACE, BrokerControl, Topology, add_events

@@ -24,7 +24,7 @@ import pytest
 from sqlalchemy import func, select, text
 
 from engine import create_engine
-from engine.schema import PUBLISHING, outbox_events
+from engine.storage.schema import PUBLISHING, outbox_events
 from tests.cli.conftest import Cli, abort_for_stacks
 
 

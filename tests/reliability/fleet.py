@@ -27,7 +27,7 @@ from engine import (
     create_schema,
     unit_of_work,
 )
-from engine.publisher import OutboxEvent
+from engine.writing.publisher import OutboxEvent
 from tests.cli.conftest import Cli
 from tests.engine.conftest import rows
 from tests.reliability import app_v2

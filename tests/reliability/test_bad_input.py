@@ -20,8 +20,8 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from engine import EventRegistry, OutboxEventPublisher, create_engine, create_schema, unit_of_work
-from engine.heartbeat import Heartbeat
-from engine.schema import outbox_events
+from engine.running.heartbeat import Heartbeat
+from engine.storage.schema import outbox_events
 from tests.cli.conftest import Cli, Result
 from tests.engine.conftest import CTX
 from tests.reliability import bad_input_app as app

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from engine import create_engine
-from engine.insights import OutboxInsights
+from engine.operating.insights import OutboxInsights
 from tests.cli.conftest import Cli, cli, status_counts  # noqa: F401 - shared fixture
 from tests.relay.conftest import BrokerControl, Topology, broker, topology  # noqa: F401
 from tests.reliability.fleet import DispatchProcess, eventually, outbox_rows, seed

@@ -27,9 +27,9 @@ import pytest
 from sqlalchemy import select
 
 from engine import create_engine
-from engine.idempotency import SUCCEEDED
-from engine.publisher import OutboxEvent
-from engine.schema import side_effects
+from engine.handlers.idempotency import SUCCEEDED
+from engine.storage.schema import side_effects
+from engine.writing.publisher import OutboxEvent
 from tests.cli.conftest import (
     ORDERED_APP,
     Cli,

@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 
 from engine import create_engine
-from engine.insights import OutboxInsights
+from engine.operating.insights import OutboxInsights
 from tests.cli.conftest import Cli, cli, status_counts  # noqa: F401 - shared fixture
 from tests.reliability.fleet import DispatchProcess, eventually, handled, outbox_rows, seed
 from tests.reliability.results import ROOT, ScenarioResult, record

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.publisher import OutboxEvent
+from engine.writing.publisher import OutboxEvent
 from tests.cli import ordered_app
 from tests.cli.conftest import (
     ORDERED_APP,

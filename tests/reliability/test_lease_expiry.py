@@ -27,7 +27,7 @@ from engine import (
     create_schema,
     unit_of_work,
 )
-from engine.publisher import OutboxEvent
+from engine.writing.publisher import OutboxEvent
 from tests.cli import counting_app
 from tests.cli.conftest import (
     COUNTING_APP,

@@ -21,7 +21,7 @@ import pytest
 from sqlalchemy import func, select
 
 from engine import create_engine
-from engine.schema import outbox_events
+from engine.storage.schema import outbox_events
 from tests.cli.conftest import (
     COUNTING_APP,
     Cli,
@@ -47,7 +47,7 @@ STALL_SECONDS = 3  # past the lease: the stalled dispatcher's completions come l
 # (events, stalled events): CI sizes, then --soak.
 CI = (400, 2)
 SOAK = (6000, 10)
-# A stalled batch's rows come back one per claim (engine.store.claim_batch): keep it small.
+# A stalled batch's rows come back one per claim (engine.dispatch.store.claim_batch): keep it small.
 BATCH = 10
 
 

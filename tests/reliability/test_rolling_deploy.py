@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from engine import create_engine
-from engine.insights import HeartbeatView, OutboxInsights, OverviewSnapshot
+from engine.operating.insights import HeartbeatView, OutboxInsights, OverviewSnapshot
 from tests.cli.conftest import Cli, cli, status_counts  # noqa: F401 - shared fixture
 from tests.reliability.app_v1 import TYPE_A
 from tests.reliability.app_v2 import TYPE_B

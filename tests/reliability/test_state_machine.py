@@ -1,6 +1,6 @@
 """The outbox's state machine, explored by hypothesis against a real database (issue 9).
 
-Random sequences of claims by two dispatchers driven through ``engine.store`` (so their
+Random sequences of claims by two dispatchers driven through ``engine.dispatch.store`` (so their
 completions can arrive late: after their lease expired, or after a newer claim took the
 row), rounds of the real ``OutboxDispatcher``, producers adding events, lease expiry on an
 injected clock, and operators' replay and skip. A model predicts every row's state; after
@@ -62,9 +62,8 @@ from engine import (
     store,
     unit_of_work,
 )
-from engine.publisher import OutboxEvent
-from engine.replay import replay_dead_letter, skip_dead_letter
-from engine.schema import (
+from engine.operating.replay import replay_dead_letter, skip_dead_letter
+from engine.storage.schema import (
     DEAD_LETTER,
     FAILED,
     PENDING,
@@ -73,6 +72,7 @@ from engine.schema import (
     STATUSES,
     outbox_events,
 )
+from engine.writing.publisher import OutboxEvent
 from tests.conftest import FakeClock
 from tests.engine.conftest import CTX
 from tests.reliability.results import ScenarioResult, record

@@ -17,9 +17,9 @@ from engine import (
     TaskContext,
     unit_of_work,
 )
-from engine.publisher import OutboxEvent
-from engine.schema import outbox_events, process_heartbeats
 from engine.settings import DispatcherSettings
+from engine.storage.schema import outbox_events, process_heartbeats
+from engine.writing.publisher import OutboxEvent
 
 CTX = TaskContext(tenant_id="acme", actor_id="user-1", request_id="req-1")
 

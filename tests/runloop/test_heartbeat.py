@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from engine.heartbeat import Heartbeat
-from engine.runner import build_dispatcher, run_dispatcher
+from engine.running.heartbeat import Heartbeat
+from engine.running.run_loop import build_dispatcher, run_dispatcher
 
 from .conftest import fast, heartbeat_row, publish
 

@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from engine import DispatchResult, create_engine
-from engine.locks import LeaseLock, PostgresAdvisoryLock, advisory_key, lock_provider_for
-from engine.runner import build_dispatcher
+from engine.running.locks import LeaseLock, PostgresAdvisoryLock, advisory_key, lock_provider_for
+from engine.running.run_loop import build_dispatcher
 
 from .conftest import fast, publish, statuses
 
@@ -107,7 +107,7 @@ async def test_postgresql_uses_a_session_advisory_lock(pg_url):
 
 @pytest.mark.postgresql
 async def test_a_holder_whose_session_dies_loses_the_lock(pg_url):
-    from engine.runner import STORAGE_ERRORS
+    from engine.running.run_loop import STORAGE_ERRORS
 
     holder_engine = create_engine(pg_url)
     other_engine = create_engine(pg_url)

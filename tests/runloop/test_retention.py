@@ -7,9 +7,9 @@ from datetime import timedelta
 from sqlalchemy import func, select
 
 from engine import EventHandlerPermanentError, run_event_side_effect
-from engine.retention import purge_published
-from engine.runner import build_dispatcher, run_dispatcher
-from engine.schema import handler_runs, side_effects
+from engine.operating.retention import purge_published
+from engine.running.run_loop import build_dispatcher, run_dispatcher
+from engine.storage.schema import handler_runs, side_effects
 
 from .conftest import fast, publish, statuses
 
@@ -113,7 +113,7 @@ async def test_retention_none_keeps_published_rows(db, registry, clock):
 async def test_the_loop_forgets_processes_not_seen_for_the_heartbeat_retention(db, registry, clock):
     from sqlalchemy import insert
 
-    from engine.schema import process_heartbeats
+    from engine.storage.schema import process_heartbeats
 
     async with db.begin() as conn:
         for name, age in (("gone-long-ago", 8 * 86400), ("stopped-yesterday", 86400)):

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from engine import DispatchResult
-from engine.runner import RunSummary, build_dispatcher, run_dispatcher
+from engine.running.run_loop import RunSummary, build_dispatcher, run_dispatcher
 
 from .conftest import eventually, fast, publish, statuses
 
@@ -137,8 +137,8 @@ async def test_a_bug_in_the_callback_propagates(db, registry):
 
 
 async def test_build_dispatcher_wires_the_settings(db, registry, clock):
-    from engine.locks import LeaseLock, PostgresAdvisoryLock
-    from engine.metrics import OutboxMetrics
+    from engine.running.locks import LeaseLock, PostgresAdvisoryLock
+    from engine.running.metrics import OutboxMetrics
 
     metrics = OutboxMetrics()
     settings = fast(
@@ -165,7 +165,7 @@ async def test_build_dispatcher_wires_the_settings(db, registry, clock):
 
 async def test_waits_after_a_round_that_moved_nothing_on(db, registry):
     """A broker outage hands rows back every round: the loop must not spin on them."""
-    from engine.dispatcher import ExternalPublishResult
+    from engine.dispatch.dispatcher import ExternalPublishResult
 
     class DownBroker:
         calls = 0

@@ -7,9 +7,9 @@ import asyncio
 
 from rich.console import Console
 
-from engine.dispatcher import ExternalPublishResult
-from engine.insights import OutboxInsights
-from engine.runner import build_dispatcher, run_dispatcher
+from engine.dispatch.dispatcher import ExternalPublishResult
+from engine.operating.insights import OutboxInsights
+from engine.running.run_loop import build_dispatcher, run_dispatcher
 from outbox_tui import output
 
 from .conftest import fast, publish, statuses

@@ -11,8 +11,8 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from engine import create_engine, create_schema, unit_of_work
-from engine.runner import build_dispatcher, run_dispatcher
-from engine.wakeup import WakeupListener, enable_commit_notifications
+from engine.running.run_loop import build_dispatcher, run_dispatcher
+from engine.running.wakeup import WakeupListener, enable_commit_notifications
 
 from .conftest import CTX, eventually, fast, publish
 
@@ -154,7 +154,7 @@ async def test_a_broken_listener_reconnects(pg):
 
 
 async def test_the_producer_side_follows_the_settings(pg, sqlite_url):
-    from engine.wakeup import commit_notifier_for
+    from engine.running.wakeup import commit_notifier_for
 
     notifier = commit_notifier_for(pg, fast(notify_interval_ms=250, wakeup_channel="orders_wake"))
     try:

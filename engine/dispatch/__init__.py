@@ -1,0 +1,1 @@
+"""Delivering events: claim a batch under a lease, run its handlers, write fenced outcomes."""

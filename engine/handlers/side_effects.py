@@ -1,0 +1,78 @@
+"""Run an external side effect from a handler at most once per event, handler and key."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from engine.context import current_handler
+from engine.errors import OutboxError
+from engine.handlers.idempotency import SUCCEEDED, SideEffectKey
+
+T = TypeVar("T")
+
+# Success records still being written for handlers cancelled meanwhile (kept referenced).
+_recording: set[asyncio.Future[None]] = set()
+
+
+async def run_event_side_effect(
+    effect_key: str,
+    fn: Callable[[], Awaitable[T] | T],
+    *,
+    request_payload: Any = None,
+) -> T | Any:
+    """Call ``fn`` unless this effect already succeeded for the running handler's event.
+
+    On success the response (which must be JSON-serialisable) is recorded; a
+    later retry of the same event and handler gets the recorded response back
+    without calling ``fn``. If ``fn`` raises, the failure is recorded and the
+    exception propagates, so the handler fails and the event is retried.
+
+    This does not replace the external system's own idempotency key: if the
+    process dies between the call and the record, the call happens again. Pass
+    ``envelope.event_id`` to the external system as well. A handler cancelled in
+    that window (its timeout, a shutdown) still writes the record before the
+    cancellation goes on.
+    """
+    invocation = current_handler()
+    if invocation is None:
+        raise OutboxError("run_event_side_effect() must be called from inside an event handler")
+    if not effect_key:
+        raise OutboxError("run_event_side_effect() needs a non-empty effect_key")
+    envelope = invocation.envelope
+    key = SideEffectKey(
+        tenant_id=envelope.tenant_id,
+        actor_id=envelope.actor_id or "",
+        event_id=envelope.event_id,
+        handler_key=invocation.handler_key,
+        effect_key=effect_key,
+    )
+    store = invocation.store
+    existing = await store.find_side_effect(key)
+    if existing is not None and existing.status == SUCCEEDED:
+        return existing.response
+    try:
+        result = fn()
+        if inspect.isawaitable(result):
+            result = await result
+    except Exception as exc:
+        await store.record_side_effect(
+            key, succeeded=False, request=request_payload, error=f"{type(exc).__name__}: {exc}"
+        )
+        raise
+    # The call has happened: from here on only a dead process may lose its record. A
+    # handler cancelled now (its timeout while the record waits, on SQLite, for the write
+    # lock; a shutdown) still writes it, so the retry answers from it instead of calling.
+    record = asyncio.ensure_future(
+        store.record_side_effect(key, succeeded=True, request=request_payload, response=result)
+    )
+    _recording.add(record)
+    record.add_done_callback(_recording.discard)
+    try:
+        await asyncio.shield(record)
+    except asyncio.CancelledError:
+        await asyncio.shield(record)  # finish the record, then let the cancellation go on
+        raise
+    return result

@@ -1,0 +1,1 @@
+"""Operating the outbox: insights, error groups, pauses, replay, trends, retention."""

@@ -1,0 +1,1 @@
+"""Running dispatchers: the run loop, heartbeats, locks, wake-ups and metrics."""

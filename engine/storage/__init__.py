@@ -1,0 +1,1 @@
+"""Where events live: the tables, their migrations, and connections to the database."""

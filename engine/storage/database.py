@@ -1,0 +1,410 @@
+"""Connecting to the outbox database: URL checks, SQLite tuning, error translation.
+
+SQLite notes: WAL lets readers (the console) run beside one writer; a busy
+timeout makes a second writer wait instead of failing with "database is
+locked"; and write transactions begin IMMEDIATE so a transaction that read
+first can never fail to upgrade to a writer halfway through. Read-only callers
+ask for deferred transactions with ``read_only_engine``. A write that must land as soon
+as the lock is free (a side effect's record, after the external call) polls for it every
+millisecond with ``begin_promptly`` instead of SQLite's busy handler, whose sleeps grow
+to 100 ms.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sqlite3
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from sqlalchemy import event, text
+from sqlalchemy.engine import URL, Dialect, make_url
+from sqlalchemy.exc import (
+    ArgumentError,
+    DBAPIError,
+    NoSuchModuleError,
+    OperationalError,
+    SQLAlchemyError,
+)
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.util import await_only
+
+from engine.errors import (
+    DatabaseUnavailableError,
+    DatabaseUrlError,
+    SchemaMissingError,
+    SchemaOutdatedError,
+    StorageError,
+)
+from engine.storage.aiosqlite_connect import OneTripConnection, connect_aiosqlite
+from engine.storage.schema import metadata, outbox_events
+
+DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./outbox.db"
+# The program the engine's hints name (``outbox_tui.PROG`` is the same name; a test keeps
+# them equal: the front end's stays import-light for its SIGTERM-first entry point).
+PROGRAM = "outbox-tui"
+INIT_DB = f"{PROGRAM} init-db"
+SQLITE_BUSY_TIMEOUT_SECONDS = 30.0
+_READ_ONLY_OPTION = "outbox_read_only"
+_BUSY_TIMEOUT_OPTION = "outbox_busy_timeout"
+# How long a dispatcher's claim and last heartbeat wait for SQLite's write lock: a claim
+# that finds it held longer fails as a storage error and the run loop retries after a
+# pause that a stop cuts short, so a SIGTERM is obeyed within seconds even while another
+# process holds the lock for minutes (SQLite's own wait cannot be interrupted).
+DISPATCHER_BUSY_TIMEOUT_SECONDS = 5.0
+_PROMPT_POLL_SECONDS = 0.001
+_ASYNC_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+asyncpg"}
+_SUPPORTED = ("sqlite+aiosqlite", "postgresql+asyncpg")
+
+
+def parse_database_url(url: str | URL) -> URL:
+    """Parse and normalise a URL to one of the supported async drivers.
+
+    ``postgresql://`` and ``sqlite:///`` are accepted and mapped to asyncpg and
+    aiosqlite; anything else is a ``DatabaseUrlError`` naming the problem.
+    """
+    if isinstance(url, str) and raw_at_in_password(url):
+        raise DatabaseUrlError(
+            f"invalid database URL {mask_url(url)!r}: its password holds a raw '@'; "
+            "percent-encode it (@ as %40)"
+        )
+    try:
+        parsed = make_url(url) if isinstance(url, str) else url
+        parsed.port  # noqa: B018 - a non-numeric port only fails when read
+    except (ArgumentError, ValueError) as exc:
+        detail = mask_secrets(str(exc), str(url))
+        raise DatabaseUrlError(f"invalid database URL {mask_url(str(url))!r}: {detail}") from None
+    name = parsed.drivername
+    if name in _ASYNC_DRIVERS:
+        parsed = parsed.set(drivername=_ASYNC_DRIVERS[name])
+    elif name == "postgres":
+        parsed = parsed.set(drivername="postgresql+asyncpg")
+    if parsed.drivername not in _SUPPORTED:
+        raise DatabaseUrlError(
+            f"unsupported database URL scheme {name!r} in {mask_url(parsed)!r}: "
+            "use sqlite+aiosqlite:///path.db or postgresql+asyncpg://user:pass@host/db"
+        )
+    if parsed.drivername == "postgresql+asyncpg" and "sslmode" in parsed.query:
+        # libpq spells it sslmode; asyncpg takes the same values as ssl.
+        query = dict(parsed.query)
+        query["ssl"] = query.pop("sslmode")
+        parsed = parsed.set(query=query)
+    if parsed.drivername.startswith("sqlite") and _in_memory(parsed):
+        raise DatabaseUrlError(
+            "an in-memory SQLite database lasts as long as one connection and no other "
+            "process sees it: give a file path, e.g. sqlite+aiosqlite:///./outbox.db"
+        )
+    return parsed
+
+
+def _in_memory(url: URL) -> bool:
+    """``sqlite://``, ``sqlite:///:memory:`` or a URI with ``mode=memory`` or the name
+    ``file::memory:``: a database each connection (each process) makes anew and that
+    vanishes with it."""
+    database = url.database or ""
+    if database in ("", ":memory:") or url.query.get("mode") == "memory":
+        return True
+    uri = url.query.get("uri") in ("true", "1")
+    return uri and database.startswith("file::memory:")
+
+
+def mask_url(url: str | URL) -> str:
+    """The URL with its password (in the credentials or the query) replaced by ``***``.
+
+    A string is masked as written, not parsed: a password with a raw ``@`` (which a
+    parser splits at the first ``@``) is masked up to the last one.
+    """
+    text = (
+        url.render_as_string(hide_password=True)
+        if isinstance(url, URL)
+        else _URL_CREDENTIALS.sub(r"\1***@", url)
+    )
+    return _QUERY_PASSWORD.sub(r"\1***", text)
+
+
+def raw_at_in_password(url: str) -> bool:
+    """Whether the URL's credentials hold more than one ``@``: a password typed with a raw
+    ``@`` (to be written %40), which parsers split differently (part of it would become
+    the host, and show up in errors)."""
+    credentials = _RAW_PASSWORD.search(url)
+    return credentials is not None and "@" in credentials.group(1)
+
+
+# user:password@ of a URL in any text; the password runs to the last @ of its token (no
+# space, quote or angle bracket), so one holding a raw @ is masked whole.
+_URL_CREDENTIALS = re.compile(r"(://[^:/@\s\"'<>]*:)[^\s\"'<>]*@")
+_RAW_PASSWORD = re.compile(r"://[^:/@\s\"'<>]*:([^\s\"'<>]+)@")
+_QUERY_PASSWORD = re.compile(r"([?&](?:password|passwd|pwd|pass)=)[^&\s'\"]*", re.IGNORECASE)
+# A bare password is masked only where no word, dash or dot touches it.
+_EDGE = r"[\w.-]"
+
+
+def mask_secrets(message: str, *urls: str | URL) -> str:
+    """Remove passwords from text: credentials inside any URL, and the passwords of ``urls``.
+
+    A bare password (a driver echoing it) is masked only where it stands as a
+    whole token, in its decoded and its percent-encoded spelling, so a short or
+    common password ("postgres") cannot mangle words like "postgresql".
+    """
+    message = _QUERY_PASSWORD.sub(r"\1***", _URL_CREDENTIALS.sub(r"\1***@", message))
+    for secret in sorted(_password_spellings(urls), key=len, reverse=True):
+        message = re.sub(rf"(?<!{_EDGE}){re.escape(secret)}(?!{_EDGE})", "***", message)
+    return message
+
+
+def _password_spellings(urls: tuple[str | URL, ...]) -> set[str]:
+    spellings: set[str] = set()
+    for url in urls:
+        if isinstance(url, URL):
+            if url.password:
+                spellings.add(str(url.password))
+            continue
+        password = _password_of(url)
+        if password:
+            spellings.add(password)
+        typed = _RAW_PASSWORD.search(url)
+        if typed:
+            spellings.add(typed.group(1))
+        for match in re.finditer(r"[?&](?:password|passwd|pwd|pass)=([^&\s]+)", url, re.I):
+            spellings.add(match.group(1))
+    return spellings
+
+
+def _password_of(url: str) -> str | None:
+    try:
+        password = make_url(url).password
+    except Exception:
+        return None
+    return None if password is None else str(password)
+
+
+def create_engine(url: str | URL, **kwargs: Any) -> AsyncEngine:
+    """Create an ``AsyncEngine`` tuned for the outbox on SQLite or PostgreSQL."""
+    parsed = parse_database_url(url)
+    if parsed.drivername.startswith("sqlite"):
+        connect_args = dict(kwargs.pop("connect_args", {}))
+        connect_args.setdefault("timeout", SQLITE_BUSY_TIMEOUT_SECONDS)
+        connect_args.setdefault("async_creator_fn", connect_aiosqlite)
+        try:
+            engine = create_async_engine(parsed, connect_args=connect_args, **kwargs)
+        except NoSuchModuleError as exc:  # pragma: no cover - driver missing from install
+            raise DatabaseUrlError(str(exc)) from None
+        _tune_sqlite(engine)
+        return engine
+    # No pool_pre_ping: a ping per checkout is one more round trip on every business
+    # transaction. A connection that died with its server fails once, is invalidated by
+    # SQLAlchemy, and the run loop and console retry.
+    return create_async_engine(parsed, **kwargs)
+
+
+def read_only_engine(engine: AsyncEngine) -> AsyncEngine:
+    """A view of ``engine`` whose transactions never take SQLite's write lock."""
+    return engine.execution_options(**{_READ_ONLY_OPTION: True})
+
+
+def waiting_at_most(engine: AsyncEngine, seconds: float) -> AsyncEngine:
+    """A view of ``engine`` whose SQLite transactions wait at most ``seconds`` for the
+    write lock (instead of ``SQLITE_BUSY_TIMEOUT_SECONDS``); PostgreSQL ignores it."""
+    return engine.execution_options(**{_BUSY_TIMEOUT_OPTION: seconds})
+
+
+def _tune_sqlite(engine: AsyncEngine) -> None:
+    sync_engine = engine.sync_engine
+
+    @event.listens_for(sync_engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Let SQLAlchemy's "begin" event emit BEGIN itself (driver autocommit off).
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_TIMEOUT_SECONDS * 1000)}")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(sync_engine, "begin")
+    def _on_begin(connection: Any) -> None:
+        options = connection.get_execution_options()
+        if options.get(_READ_ONLY_OPTION):
+            mode, wait = "DEFERRED", None
+        else:
+            # A bounded wait for the write lock; 0: fail at once (begin_promptly polls).
+            mode, wait = "IMMEDIATE", options.get(_BUSY_TIMEOUT_OPTION)
+        driver: OneTripConnection = connection.connection.driver_connection
+        try:
+            await_only(driver.begin(mode, wait, SQLITE_BUSY_TIMEOUT_SECONDS))
+        except sqlite3.Error as exc:  # as SQLAlchemy raises a statement's error
+            raise DBAPIError.instance(
+                f"BEGIN {mode}", None, exc, sqlite3.Error, dialect=connection.dialect
+            ) from exc
+
+
+@asynccontextmanager
+async def begin_promptly(
+    engine: AsyncEngine, *, wait_seconds: float = SQLITE_BUSY_TIMEOUT_SECONDS
+) -> AsyncIterator[AsyncConnection]:
+    """``engine.begin()`` that takes SQLite's write lock within a millisecond of its release.
+
+    SQLite's busy handler sleeps 1, 2, 5 ... up to 100 ms between tries, so a waiting
+    writer can sleep on through a free lock while other writers take it. Where every
+    millisecond of waiting is a risk (a side effect has happened and its record is not
+    yet written), this polls instead, for at most the usual busy timeout. PostgreSQL has
+    no such wait: there it is ``engine.begin()``. ``wait_seconds`` bounds the polling.
+    """
+    if engine.dialect.name != "sqlite":
+        async with engine.begin() as conn:
+            yield conn
+        return
+    prompt = waiting_at_most(engine, 0)
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        conn = await prompt.connect()
+        try:
+            await conn.begin()
+            break
+        except OperationalError as exc:
+            await conn.close()
+            if "locked" not in str(exc.orig) or time.monotonic() >= deadline:
+                raise
+        await asyncio.sleep(_PROMPT_POLL_SECONDS)
+    try:
+        yield conn
+        await conn.commit()
+    except BaseException:
+        await conn.rollback()
+        raise
+    finally:
+        await conn.close()
+
+
+def is_postgresql(engine: AsyncEngine) -> bool:
+    return engine.dialect.name == "postgresql"
+
+
+_MISSING_TABLE = re.compile(r"no such table|relation \"?[\w.]+\"? does not exist|UndefinedTable")
+
+
+def translate_storage_error(exc: BaseException, url: str | URL | None = None) -> StorageError:
+    """Turn a driver or SQLAlchemy error into the engine's own one-line error."""
+    detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    first = detail[0] if detail else type(exc).__name__
+    if url is not None:
+        first = mask_secrets(first, url)
+    if _MISSING_TABLE.search(str(exc)):
+        return SchemaMissingError(
+            f"the outbox tables are missing ({first}); create them with `{INIT_DB}`"
+        )
+    if isinstance(exc, (OSError, ConnectionError, TimeoutError)) or _is_connection_error(exc):
+        where = f" at {mask_url(url)}" if url is not None else ""
+        return DatabaseUnavailableError(f"cannot reach the database{where}: {first}")
+    if "readonly database" in first:  # SQLite: WAL writes beside the file, even to read
+        return StorageError(
+            f"database error: {first}: this user cannot write the SQLite file or its "
+            "directory (in WAL mode even a reader needs the -wal and -shm files beside it)"
+        )
+    return StorageError(f"database error: {first}")
+
+
+_UNKNOWN_CONNECT_ARGUMENT = re.compile(r"connect\(\) got an unexpected keyword argument '(\w+)'")
+
+
+def _is_connection_error(exc: BaseException) -> bool:
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    text_ = str(exc).lower()
+    return any(
+        marker in text_
+        for marker in (
+            "connection refused",
+            "connect call failed",
+            "unable to open database",
+            "could not connect",
+            "connection was closed",
+            "connection is closed",
+            "password authentication failed",
+            "does not exist",
+            "name or service not known",
+            "timeout",
+        )
+    )
+
+
+@asynccontextmanager
+async def storage_errors(url: str | URL | None = None) -> AsyncIterator[None]:
+    """Re-raise driver errors inside the block as ``StorageError`` subclasses."""
+    try:
+        yield
+    except StorageError:
+        raise
+    except (SQLAlchemyError, OSError, ConnectionError, TimeoutError) as exc:
+        raise translate_storage_error(exc, url) from exc
+    except TypeError as exc:
+        # A URL query parameter the driver's connect() does not take (``?bogus=1``).
+        unknown = _UNKNOWN_CONNECT_ARGUMENT.search(str(exc))
+        if unknown is None:
+            raise
+        raise DatabaseUrlError(
+            f"the database URL has a query parameter its driver does not take: {unknown.group(1)!r}"
+        ) from None
+    except Exception as exc:  # asyncpg raises its own tree outside SQLAlchemy at connect
+        if type(exc).__module__.startswith(("asyncpg", "sqlite3", "aiosqlite")):
+            raise translate_storage_error(exc, url) from exc
+        raise
+
+
+async def create_schema(engine_or_url: AsyncEngine | str | URL) -> list[str]:
+    """Create the outbox tables and indexes, or upgrade older ones (idempotent).
+
+    Returns the upgrade steps applied to tables an earlier version made (see
+    engine.storage.migrations); empty for a new or current database.
+    """
+    from engine.storage.migrations import missing_tables, upgrade_schema
+
+    if isinstance(engine_or_url, AsyncEngine):
+        async with storage_errors(engine_or_url.url), engine_or_url.begin() as conn:
+            absent = await conn.run_sync(missing_tables)
+            await conn.run_sync(metadata.create_all, checkfirst=True)
+            steps = await upgrade_schema(conn)
+        if outbox_events.name in absent:
+            return steps  # a new database: created, nothing upgraded
+        return [f"created table {name}" for name in absent] + steps
+    engine = create_engine(engine_or_url)
+    try:
+        return await create_schema(engine)
+    finally:
+        await engine.dispose()
+
+
+async def check_schema(engine: AsyncEngine) -> None:
+    """Raise ``SchemaMissingError`` unless the outbox tables exist and answer, or
+    ``SchemaOutdatedError`` when an earlier version made them."""
+    from engine.storage.migrations import outdated_parts
+
+    async with storage_errors(engine.url), read_only_engine(engine).connect() as conn:
+        await conn.execute(text("SELECT 1 FROM outbox_events WHERE 1 = 0"))
+        missing = await conn.run_sync(outdated_parts)
+    if missing:
+        raise SchemaOutdatedError(
+            f"the outbox tables are from an earlier version (missing {', '.join(missing)}); "
+            f"upgrade them in place with `{INIT_DB}`"
+        )
+
+
+def as_dbapi_error(dialect: Dialect, sql: str, exc: Exception) -> Exception:
+    """``exc`` from asyncpg, called directly, as SQLAlchemy would raise it.
+
+    For the statements the hot paths send straight to the driver (the outbox INSERT,
+    the claim): IntegrityError, ProgrammingError, OperationalError ... as from
+    ``execute``, so callers (and the run loop's storage-error handling) see one kind.
+    Anything the driver's error map does not know (an OSError) is returned as is.
+    """
+    dbapi = dialect.loaded_dbapi
+    translate = getattr(dbapi, "_asyncpg_error_translate", {})
+    for kind in type(exc).__mro__:
+        if kind in translate:
+            orig = translate[kind](exc.args[0] if exc.args else str(exc), exc)
+            error: Exception = DBAPIError.instance(sql, None, orig, dbapi.Error, dialect=dialect)
+            return error
+    return exc
