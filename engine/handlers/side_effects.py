@@ -62,12 +62,11 @@ async def run_event_side_effect(
             key, succeeded=False, request=request_payload, error=f"{type(exc).__name__}: {exc}"
         )
         raise
-    # The call has happened: from here on only a dead process may lose its record. A
-    # handler cancelled now (its timeout while the record waits, on SQLite, for the write
-    # lock; a shutdown) still writes it, so the retry answers from it instead of calling.
-    record = asyncio.ensure_future(
-        store.record_side_effect(key, succeeded=True, request=request_payload, response=result)
-    )
+    # The call has happened: from here on only a dead process may lose its record. The
+    # record joins the writer's queue now, before anything else runs; a handler cancelled
+    # while it waits (its timeout, a shutdown) still has it written, so the retry answers
+    # from it instead of calling.
+    record = store.submit_side_effect(key, succeeded=True, request=request_payload, response=result)
     _recording.add(record)
     record.add_done_callback(_recording.discard)
     try:

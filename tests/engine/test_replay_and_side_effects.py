@@ -167,9 +167,12 @@ async def test_raising_side_effect_is_recorded_failed_and_retried(db, registry, 
 class _SlowRecords(IdempotencyStore):
     """Side-effect records that wait, as on SQLite behind another process's write lock."""
 
-    async def record_side_effect(self, *args, **kwargs):
-        await asyncio.sleep(1.5)  # past the handler timeout below
-        await super().record_side_effect(*args, **kwargs)
+    def submit_side_effect(self, *args, **kwargs):
+        async def slowly():
+            await asyncio.sleep(1.5)  # past the handler timeout below
+            await IdempotencyStore.submit_side_effect(self, *args, **kwargs)
+
+        return asyncio.ensure_future(slowly())
 
 
 async def test_a_handler_timed_out_after_the_call_still_records_it(db, registry, clock):

@@ -1,0 +1,187 @@
+"""Side-effect records, group-committed: one writer per store, many records a transaction.
+
+A side effect's record is what stops a retry from calling the external system again, so
+the time from the call's return to its record's commit is a window in which a crash
+repeats the call. Written one transaction each, concurrent handlers' records queued for
+SQLite's write lock and for pool connections, and a crash cut off the whole queue. Here
+each call queues its record at once and awaits that record's commit; one writer task
+commits everything that arrived while the previous commit ran, as one transaction in one
+trip to the driver, on a connection it keeps while records keep coming. See decision 0033.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.engine import Dialect
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.sql.dml import Insert
+
+from engine.storage.database import SQLITE_BUSY_TIMEOUT_SECONDS, as_dbapi_error
+
+# How long a record waits for SQLite's write lock before its call fails: as long as any
+# other writer would.
+LOCK_WAIT_SECONDS = SQLITE_BUSY_TIMEOUT_SECONDS
+Record = dict[str, Any]  # the column values of one row
+Waiting = tuple[Record, asyncio.Future[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class DriverStatement:
+    """A statement compiled for the driver: its text and each record's parameters.
+
+    The parameters go through the columns' own bind processing (JSON, UTC timestamps),
+    so the rows are what SQLAlchemy would send; only its execution is bypassed.
+    """
+
+    sql: str
+    names: tuple[str, ...]
+    processors: Mapping[str, Callable[[Any], Any] | None]
+    compiled: Any  # the SQLCompiler, for the parameters the statement fixes itself
+
+    @classmethod
+    def compile(cls, stmt: Insert, dialect: Dialect, columns: Sequence[str]) -> DriverStatement:
+        compiled = stmt.compile(dialect=dialect, column_keys=list(columns), for_executemany=True)
+        names = tuple(compiled.positiontup or ())
+        processors = {
+            name: compiled.binds[name].type.dialect_impl(dialect).bind_processor(dialect)
+            for name in names
+        }
+        return cls(compiled.string, names, processors, compiled)
+
+    def parameters(self, record: Record) -> tuple[Any, ...]:
+        """The driver's parameters for ``record``; raises what the bind processing raises
+        (a value that is not JSON-serialisable)."""
+        params = self.compiled.construct_params(record)
+        row = []
+        for name in self.names:
+            process = self.processors[name]
+            row.append(params[name] if process is None else process(params[name]))
+        return tuple(row)
+
+
+class RecordWriter:
+    """Commits records through one upsert, in batches; each caller learns when its record is in.
+
+    ``statement(dialect)`` builds the upsert of one record with the ``columns`` keys. A
+    record whose values cannot be bound fails alone, before the batch is sent; a batch
+    the database refuses is written again one record at a time, so a refused record
+    fails only its own caller. The writer task holds one connection while records keep
+    arriving (no pool queue between a call and its record) and ends, handing it back,
+    when none is left: nothing needs closing.
+    """
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        statement: Callable[[Dialect], Insert],
+        columns: Sequence[str],
+    ) -> None:
+        self._engine = engine
+        self._statement = statement
+        self._columns = tuple(columns)
+        self._compiled: DriverStatement | None = None
+        self._waiting: list[Waiting] = []
+        self._task: asyncio.Task[None] | None = None
+
+    def submit(self, record: Record) -> asyncio.Future[None]:
+        """Queue ``record`` for the next commit, at once (no await between a call's return
+        and its record joining the queue); the future is done once it is committed."""
+        done = asyncio.get_running_loop().create_future()
+        self._waiting.append((record, done))
+        if self._task is None:
+            self._task = asyncio.create_task(self._write_while_waiting())
+        return done
+
+    async def _write_while_waiting(self) -> None:
+        batch: list[Waiting] = []
+        try:
+            while self._waiting:
+                async with self._engine.connect() as conn:
+                    raw = await conn.get_raw_connection()
+                    driver, dialect = raw.driver_connection, conn.dialect
+                    if self._compiled is None:
+                        self._compiled = DriverStatement.compile(
+                            self._statement(dialect), dialect, self._columns
+                        )
+                    while self._waiting:
+                        batch, self._waiting = self._waiting, []
+                        await self._commit(driver, dialect, self._compiled, batch)
+                        if _lost(driver):  # the server went away: the pool must not reuse it
+                            await conn.invalidate()
+                            break
+        except Exception as exc:  # no connection: the records waiting fail with it
+            _settle([*batch, *self._waiting], exc)
+        finally:
+            self._task = None
+            # Cancelled (the event loop is closing): the callers wait no longer either.
+            for _record, done in [*batch, *self._waiting]:
+                if not done.done():
+                    done.cancel()
+            self._waiting = []
+
+    async def _commit(
+        self, driver: Any, dialect: Dialect, stmt: DriverStatement, batch: list[Waiting]
+    ) -> None:
+        rows, sent = [], []
+        for record, done in batch:
+            try:
+                rows.append(stmt.parameters(record))
+            except Exception as exc:
+                _settle([(record, done)], exc)
+                continue
+            sent.append((record, done))
+        if not rows:
+            return
+        try:
+            await _write(driver, dialect, stmt.sql, rows)
+        except Exception as exc:
+            if len(sent) == 1 or not isinstance(exc, DBAPIError):
+                _settle(sent, exc)
+                return
+            for one in sent:  # find the record the database refuses; write the others
+                await self._commit(driver, dialect, stmt, [one])
+            return
+        _settle(sent, None)
+
+
+async def _write(driver: Any, dialect: Dialect, sql: str, rows: list[tuple[Any, ...]]) -> None:
+    """One transaction, one trip: SQLite's connection thread runs it whole, polling for
+    the write lock; asyncpg's ``executemany`` is one pipelined, atomic round trip."""
+    try:
+        if dialect.name == "sqlite":
+            await driver.write_promptly(
+                sql,
+                rows,
+                wait_seconds=LOCK_WAIT_SECONDS,
+                usual=SQLITE_BUSY_TIMEOUT_SECONDS,
+            )
+        else:
+            await driver.executemany(sql, rows)
+    except sqlite3.Error as exc:
+        raise DBAPIError.instance(sql, None, exc, sqlite3.Error, dialect=dialect) from exc
+    except Exception as exc:
+        if dialect.name == "sqlite":
+            raise
+        raise as_dbapi_error(dialect, sql, exc) from exc
+
+
+def _lost(driver: Any) -> bool:
+    """Whether an asyncpg connection has closed (a SQLite connection does not say so)."""
+    is_closed = getattr(driver, "is_closed", None)
+    return bool(is_closed()) if callable(is_closed) else False
+
+
+def _settle(batch: Sequence[Waiting], error: BaseException | None) -> None:
+    for _record, done in batch:
+        if done.done():  # the caller stopped waiting (cancelled)
+            continue
+        if error is None:
+            done.set_result(None)
+        else:
+            done.set_exception(error)

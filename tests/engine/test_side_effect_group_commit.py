@@ -1,0 +1,194 @@
+"""Side-effect records are group-committed: many records, one transaction, each caller told.
+
+How much narrower this makes the window between a call and its record, under load and
+SIGKILLs, is measured by the fault suite (tests/reliability/test_crash.py, the scenario
+under load); these tests pin what the writer must do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from sqlalchemy import select, text
+from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from engine import create_engine, create_schema
+from engine.clock import utc_now
+from engine.handlers import record_writer
+from engine.handlers.idempotency import (
+    FAILED,
+    SIDE_EFFECT_COLUMNS,
+    SUCCEEDED,
+    IdempotencyStore,
+    SideEffectKey,
+    side_effect_upsert,
+)
+from engine.handlers.record_writer import RecordWriter
+from engine.storage.database import SQLITE_BUSY_TIMEOUT_SECONDS
+from engine.storage.schema import side_effects
+
+
+def _key(n: int, effect: str = "charge") -> SideEffectKey:
+    return SideEffectKey("acme", "user-1", f"event-{n}", "orders.charge", effect)
+
+
+@pytest.fixture
+def commits(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The number of records of each transaction the writer sends."""
+    sizes: list[int] = []
+    write = record_writer._write
+
+    async def counted(driver: Any, dialect: Any, sql: str, rows: list[Any]) -> None:
+        sizes.append(len(rows))
+        await write(driver, dialect, sql, rows)
+
+    monkeypatch.setattr(record_writer, "_write", counted)
+    return sizes
+
+
+async def _effects(engine: AsyncEngine) -> dict[str, dict[str, Any]]:
+    async with engine.connect() as conn:
+        rows = (await conn.execute(select(side_effects))).mappings().all()
+    return {row["event_id"]: dict(row) for row in rows}
+
+
+async def test_records_submitted_together_commit_in_one_transaction(
+    db: AsyncEngine, commits: list[int]
+) -> None:
+    store = IdempotencyStore(db, clock=utc_now)
+    await asyncio.gather(
+        *(store.record_side_effect(_key(n), succeeded=True, response={"n": n}) for n in range(50))
+    )
+    assert commits == [50]
+    effects = await _effects(db)
+    assert len(effects) == 50
+    assert effects["event-7"]["status"] == SUCCEEDED and effects["event-7"]["response"] == {"n": 7}
+
+
+async def test_records_arriving_during_a_commit_join_the_next_one(
+    db: AsyncEngine, commits: list[int]
+) -> None:
+    store = IdempotencyStore(db, clock=utc_now)
+    first = store.submit_side_effect(_key(0), succeeded=True)
+    await asyncio.sleep(0)  # the writer has taken the first record and is committing it
+    later = [store.submit_side_effect(_key(n), succeeded=True) for n in range(1, 20)]
+    await asyncio.gather(first, *later)
+    assert commits == [1, 19]
+    assert len(await _effects(db)) == 20
+
+
+async def test_a_record_that_is_not_json_fails_only_its_own_call(db: AsyncEngine) -> None:
+    store = IdempotencyStore(db, clock=utc_now)
+    good = [store.submit_side_effect(_key(n), succeeded=True, response=n) for n in range(5)]
+    bad = store.submit_side_effect(_key(99), succeeded=True, response=object())
+    with pytest.raises(TypeError, match="JSON serializable"):
+        await bad
+    await asyncio.gather(*good)
+    assert sorted(await _effects(db)) == [f"event-{n}" for n in range(5)]
+
+
+async def test_a_record_the_database_refuses_fails_only_its_own_call(
+    db: AsyncEngine, commits: list[int]
+) -> None:
+    writer = RecordWriter(db, side_effect_upsert, SIDE_EFFECT_COLUMNS)
+    now = utc_now()
+
+    def record(n: int, status: str) -> dict[str, Any]:
+        values: dict[str, Any] = dict.fromkeys(SIDE_EFFECT_COLUMNS)
+        key = _key(n)
+        values |= {
+            "tenant_id": key.tenant_id,
+            "actor_id": key.actor_id,
+            "event_id": key.event_id,
+            "handler_key": key.handler_key,
+            "effect_key": key.effect_key,
+            "status": status,
+            "attempt_count": 1,
+            "created_at": now,
+            "updated_at": now,
+        }
+        return values
+
+    good = [writer.submit(record(n, SUCCEEDED)) for n in range(3)]
+    bad = writer.submit(record(99, "bogus"))  # refused by the status CHECK
+    with pytest.raises(IntegrityError):
+        await bad
+    await asyncio.gather(*good)
+    assert sorted(await _effects(db)) == [f"event-{n}" for n in range(3)]
+    assert commits == [4, 1, 1, 1, 1]  # refused as a batch, then written one by one
+
+
+async def test_one_key_twice_in_a_batch_ends_as_written_one_after_the_other(
+    db: AsyncEngine,
+) -> None:
+    store = IdempotencyStore(db, clock=utc_now)
+    failed = store.submit_side_effect(_key(1), succeeded=False, error="timeout")
+    succeeded = store.submit_side_effect(_key(1), succeeded=True, response="ok")
+    failed_again = store.submit_side_effect(_key(1), succeeded=False, error="late")
+    await asyncio.gather(failed, succeeded, failed_again)
+    [effect] = (await _effects(db)).values()
+    assert effect["status"] == SUCCEEDED and effect["response"] == "ok"  # never downgraded
+    assert effect["attempt_count"] == 2  # the failure, then the success over it
+
+
+async def test_a_caller_that_stops_waiting_still_has_its_record_written(db: AsyncEngine) -> None:
+    store = IdempotencyStore(db, clock=utc_now)
+    waiting = asyncio.ensure_future(store.record_side_effect(_key(1), succeeded=False, error="x"))
+    await asyncio.sleep(0)
+    waiting.cancel()
+    await asyncio.gather(store.record_side_effect(_key(2), succeeded=True))  # after it
+    effects = await _effects(db)
+    assert effects["event-1"]["status"] == FAILED and effects["event-2"]["status"] == SUCCEEDED
+
+
+@pytest.fixture
+async def sqlite_db(sqlite_url: str) -> AsyncIterator[AsyncEngine]:
+    engine = create_engine(sqlite_url)
+    await create_schema(engine)
+    try:
+        yield engine
+    finally:
+        await engine.dispose()
+
+
+async def test_sqlite_commits_as_soon_as_a_held_write_lock_is_released(
+    sqlite_db: AsyncEngine, sqlite_url: str
+) -> None:
+    """Another process's writer holds the lock: the record waits, without failing, and is
+    committed once the lock is free."""
+    holder = create_engine(sqlite_url)
+    store = IdempotencyStore(sqlite_db, clock=utc_now)
+    try:
+        async with holder.begin() as conn:
+            await conn.execute(text("DELETE FROM outbox_side_effects"))  # takes the lock
+            waiting = store.submit_side_effect(_key(1), succeeded=True)
+            await asyncio.sleep(0.3)
+            assert not waiting.done()
+        await asyncio.wait_for(waiting, 5)
+    finally:
+        await holder.dispose()
+    assert list(await _effects(sqlite_db)) == ["event-1"]
+
+
+async def test_sqlite_writer_gives_up_after_the_busy_timeout_and_keeps_its_busy_timeout(
+    sqlite_db: AsyncEngine, sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(record_writer, "LOCK_WAIT_SECONDS", 0.2)
+    holder = create_engine(sqlite_url)
+    store = IdempotencyStore(sqlite_db, clock=utc_now)
+    try:
+        async with holder.begin() as conn:
+            await conn.execute(text("DELETE FROM outbox_side_effects"))
+            with pytest.raises(OperationalError, match="locked"):
+                await store.record_side_effect(_key(1), succeeded=True)
+    finally:
+        await holder.dispose()
+    # The connection that polled went back to the pool with the usual busy timeout.
+    async with sqlite_db.connect() as conn:
+        timeout = (await conn.execute(text("PRAGMA busy_timeout"))).scalar_one()
+    assert timeout == int(SQLITE_BUSY_TIMEOUT_SECONDS * 1000)
+    assert await _effects(sqlite_db) == {}
