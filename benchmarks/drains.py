@@ -21,7 +21,7 @@ from sqlalchemy.engine import make_url
 
 from benchmarks import peer_amqp, peer_pgqueuer, support, usage
 from benchmarks.support import Context, Fleet, WorkerFailed
-from engine.dispatch import store
+from engine.dispatch import claim_sql, fenced_writes
 
 OURS_APP = "benchmarks.bench_app"
 
@@ -209,7 +209,7 @@ def floor_script(batch: int, *, order_by: str, unordered_only: bool) -> str:
         else ""
     )
     complete = (
-        store._PUBLISH_PG.element.text.replace(":now", "now()")
+        fenced_writes._PUBLISH_PG.element.text.replace(":now", "now()")
         .replace(":dispatcher_id", holder)
         .replace(":ids", ":claimed_ids")
         .replace(":versions", ":claimed_versions")
@@ -231,7 +231,7 @@ def floor_script(batch: int, *, order_by: str, unordered_only: bool) -> str:
     attempt_count = attempt_count + 1, locked_by = {holder},
     locked_until = now() + interval '30 seconds'
   WHERE ctid = ANY(ARRAY(SELECT ref FROM abandoned UNION ALL SELECT ref FROM waiting))
-  RETURNING {", ".join(store.CLAIM_RETURNS)}, payload
+  RETURNING {", ".join(claim_sql.CLAIM_RETURNS)}, payload
 )
 SELECT coalesce(chr(31) || string_agg(id, chr(31)), '') AS claimed_ids,
   coalesce(string_agg(claim_version::text, ','), '') AS claimed_versions,

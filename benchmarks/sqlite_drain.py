@@ -31,7 +31,8 @@ from benchmarks.bench_app import wait_for_go
 from benchmarks.support import Context, Fleet, WorkerFailed
 from engine import create_engine, create_schema
 from engine.clock import utc_now, uuid7
-from engine.dispatch import store
+from engine.dispatch import fenced_writes
+from engine.dispatch.claimer import ClaimCursor, Claimer
 from engine.storage.schema import ACTIVE_PREDICATE
 
 FLOOR_ID = "floor"
@@ -186,23 +187,23 @@ async def drain_floor(url: str, batch_size: int, sync_dir: str | None) -> int:
         total, cursor, include_cursor_key, ordered_first = 0, "", False, True
         while True:
             async with engine.begin() as conn:
-                batch = await store.claim_batch(
-                    conn,
-                    dispatcher_id=FLOOR_ID,
-                    batch_size=batch_size,
-                    lease=LEASE,
-                    now=utc_now(),
-                    key_cursor=cursor,
-                    include_cursor_key=include_cursor_key,
-                    ordered_first=ordered_first,
-                )
-            cursor, include_cursor_key = batch.key_cursor, batch.include_cursor_key
+                batch = await Claimer(
+                    FLOOR_ID,
+                    batch_size,
+                    LEASE,
+                    cursor=ClaimCursor(
+                        key=cursor, include_key=include_cursor_key, ordered_first=ordered_first
+                    ),
+                ).claim(conn, utc_now())
+            cursor, include_cursor_key = batch.cursor.key, batch.cursor.include_key
             ordered_first = not ordered_first
             if not batch.rows:
                 return total
             claims = [(row.event_id, row.claim_version) for row in batch.rows]
             async with engine.begin() as conn:
-                done = await store.mark_published(conn, claims, store.Fence(FLOOR_ID, utc_now()))
+                done = await fenced_writes.mark_published(
+                    conn, claims, fenced_writes.Fence(FLOOR_ID, utc_now())
+                )
             total += len(done)
     finally:
         await engine.dispose()

@@ -43,7 +43,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
-from engine.dispatch.dispatcher import DEFAULT_MAX_CONCURRENCY, MAX_BATCH_SIZE
+from engine.dispatch import DEFAULT_MAX_CONCURRENCY, MAX_BATCH_SIZE
 from engine.errors import ConfigurationError, DatabaseUrlError
 from engine.operating.replay import DEFAULT_DEDUP_WINDOW
 from engine.storage.database import DEFAULT_DATABASE_URL, mask_secrets, parse_database_url

@@ -31,7 +31,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.selectable import TextualSelect
 
 from engine.clock import Clock, utc_now
-from engine.dispatch.store import PAYLOAD_TOO_DEEP
 from engine.errors import EventNotFoundError
 from engine.operating.dispatch_health import (
     ALIVE,
@@ -67,6 +66,7 @@ from engine.operating.published_counts import (
     published_window_statements,
 )
 from engine.storage.database import read_only_engine, storage_errors
+from engine.storage.payloads import PAYLOAD_TOO_DEEP
 from engine.storage.schema import (
     BACKLOG_PREDICATE,
     DEAD_LETTER,
