@@ -185,9 +185,9 @@ def pgbench_binary() -> str | None:
 
 
 def floor_script(batch: int, *, order_by: str, unordered_only: bool) -> str:
-    """engine.dispatch.store's claim and completion, as pgbench runs them (one commit each).
+    """engine.dispatch's claim and fenced completion, as pgbench runs them (one commit each).
 
-    The claim is ``claim_batch`` for PostgreSQL (an abandoned row first, else up to
+    The claim is ``Claimer.claim`` for PostgreSQL (an abandoned row first, else up to
     ``batch`` due rows, ``FOR UPDATE SKIP LOCKED``, the update finding them by address,
     the columns it returns). pgbench keeps one row of a result, so the claimed rows come
     back aggregated: their ids and versions as the strings the completion takes, as

@@ -457,7 +457,7 @@ async def sqlite_floor(ctx: Context, sizes: Sizes) -> dict[str, Any]:
         f"j. drain {n:,} on SQLite: ours / SQL floor (same claim + complete by hand, 1 process)",
         unit="events/s",
         ours=side(f"outbox-tui --dispatch ×1, batch {ctx.batch_size}", runs["ours"]),
-        peer=side("claim_batch + mark_published loop, ×1", runs["floor"]),
+        peer=side("Claimer.claim + mark_published loop, ×1", runs["floor"]),
         target=">= 0.8",
         met=met(result["ratio"], ">= 0.8"),
         **result,

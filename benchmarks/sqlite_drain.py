@@ -158,7 +158,7 @@ async def ours(ctx: Context, events: int) -> dict[str, Any]:
 
 
 async def floor(ctx: Context, events: int) -> dict[str, Any]:
-    """This module as a process: claim_batch and mark_published by hand until empty."""
+    """This module as a process: Claimer.claim and mark_published by hand until empty."""
     path = database_path(ctx)
     await load(path, events)
     fleet = drains.new_fleet(ctx)

@@ -8,7 +8,7 @@ both the variable and the flag, e.g.
 ``OUTBOX_DISPATCHER__BATCH_SIZE / --batch-size must be an integer between 1 and
 1000, got 0`` (only the variable when the command has no such flag).
 
-Why one module (about 500 lines): the models, the loading and the error wording
+Why one module: the models, the loading and the error wording
 are one contract read from the same field metadata. Each field's bounds,
 description and flag make the CLI's options (``outbox_tui.cli.options``), the
 ``--help`` text and the one-line error; split, a field added in one module would

@@ -13,7 +13,7 @@ Steps, in order (version 0.2, "Delivery v2"):
 - PostgreSQL: the checks on ``ordering_key`` (not empty) and ``max_attempts`` (at least 1).
   SQLite cannot add constraints to an existing table, so an upgraded SQLite table keeps
   accepting rows its CHECKs would refuse; the dispatcher dead-letters those rows with the
-  column named (engine.dispatch.store.ClaimedRow.problem).
+  column named (engine.dispatch.claimed.ClaimedRow.problem).
 
 Version 0.3 ("Incident workflows"): the tables ``outbox_pauses`` and ``outbox_pause_log``
 (made by ``create_all`` before the upgrade runs), and the indexes

@@ -1,8 +1,9 @@
 """A claim's database errors reach callers as SQLAlchemy's, whichever path ran the claim.
 
-On PostgreSQL the claim statement runs on the asyncpg connection itself (engine.dispatch.store), so
-the run loop's storage-error handling (engine.running.run_loop.STORAGE_ERRORS) depends on its errors
-being translated as ``execute`` would raise them.
+On PostgreSQL the claim statement runs on the asyncpg connection itself
+(engine.dispatch.claimer), so the run loop's storage-error handling
+(engine.running.run_loop.STORAGE_ERRORS) depends on its errors being translated as
+``execute`` would raise them.
 """
 
 from __future__ import annotations

@@ -276,7 +276,7 @@ async def _fill_unserved_backlog(db, keys: int, behind: int, first: int = 0) -> 
 
 
 async def _claim_work(db, clock, scope: ClaimScope) -> tuple[int, int]:
-    """(rows claimed, work done) for one scoped claim (claim_batch), rolled back afterwards.
+    """(rows claimed, work done) for one scoped claim (Claimer.claim), rolled back afterwards.
 
     Work: on SQLite the virtual machine instructions the claim ran (a progress handler
     counting every 100); on PostgreSQL the rows every node of the claim statement's plan
@@ -312,7 +312,7 @@ async def _claim_work(db, clock, scope: ClaimScope) -> tuple[int, int]:
 
 
 async def _claim_plan_rows(conn, clock, scope: ClaimScope, batch: int) -> int:
-    """Rows produced by every node of the statement claim_batch would run (PostgreSQL)."""
+    """Rows produced by every node of the statement Claimer.claim would run (PostgreSQL)."""
     per_type = await claimer._per_type_plan(conn, scope)
     pairs = bool(scope.paused_pairs)
     sql = claim_sql.claim_sql(

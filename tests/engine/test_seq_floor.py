@@ -1,4 +1,4 @@
-"""The unordered claim's keyset floor (``claim_batch(seq_floor=...)``).
+"""The unordered claim's keyset floor (``ClaimCursor.seq_floor``).
 
 A dispatcher that claimed a full batch goes on after its last unordered row, so it does
 not walk again over the index entries of rows published since the last vacuum. The floor
