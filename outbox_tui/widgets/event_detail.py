@@ -12,6 +12,7 @@ from rich.json import JSON
 from rich.rule import Rule
 from rich.table import Table
 from rich.text import Text
+from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
@@ -196,7 +197,9 @@ def render_detail(
     ``waiting``: the events of its ordering key behind it, when the caller counted them.
     """
     # Stored text (producers', handlers' and outside systems') shown, never sent as control.
-    c = {k: printable(v) if isinstance(v, str) else v for k, v in detail.columns.items()}
+    c: dict[str, Any] = {  # as loosely typed as ``EventDetail.columns``, a row's mapping
+        k: printable(v) if isinstance(v, str) else v for k, v in detail.columns.items()
+    }
     status = str(c.get("status", ""))
     title = Text.assemble(status_text(status), "  ", (str(c.get("id", "")), "bold"))
     identity = _grid(
@@ -281,7 +284,7 @@ class EventDetailPane(VerticalScroll):
         self.waiting: int | None = None
         self.border_title = "Event detail · esc closes"
 
-    def compose(self):  # type: ignore[no-untyped-def]
+    def compose(self) -> ComposeResult:
         yield Static(Text("Loading…", style=MUTED_STYLE), id="detail-body")
 
     def show(self, detail: EventDetail, now: datetime, *, waiting: int | None = None) -> None:
