@@ -20,7 +20,8 @@ when it is published (explicitly, or the column default 10).
 dispatcher honours each row's value. Set it (``--max-attempts``,
 ``OUTBOX_DISPATCHER__MAX_ATTEMPTS``) to give every row this dispatcher handles
 that budget instead, for instance to ride out a long broker outage; give all
-dispatchers of one outbox the same value. See docs/dispatcher.md.
+dispatchers of one outbox the same value. See docs/dispatcher.md, "Attempts, backoff and
+dead letters".
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 
 
 class DispatcherSettings(BaseModel):
-    """How a dispatcher runs. Every field has a default; see docs/dispatcher.md."""
+    """How a dispatcher runs. Every field has a default; docs/settings.md lists them."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

@@ -69,8 +69,8 @@ async def open_dispatcher(
     """The checked database, the relay (if any) and the dispatcher; all closed on exit.
 
     ``prefetch``: the next batch is claimed while the last one is delivered (see
-    docs/dispatcher.md); for a run loop (which hands that batch back when it stops),
-    not for a single round.
+    docs/dispatcher.md, "Claim ahead and overlapping rounds", and decision 0018); for a
+    run loop (which hands that batch back when it stops), not for a single round.
     """
     spec.check()
     settings = spec.settings

@@ -121,9 +121,9 @@ def delivered_envelope(
 ) -> EventEnvelope:
     """``EventEnvelope(...)`` with no metadata, for every event a dispatcher delivers.
 
-    The fields go straight into their slots instead of through the frozen dataclass's
-    ``__init__``, which sets each of the thirteen through ``object.__setattr__``, and one
-    call each instead of a loop over them: 0.8 against 2.4 µs a call.
+    The fields go straight into their slots, one call each, instead of through the frozen
+    dataclass's ``__init__``, which sets each of the thirteen through
+    ``object.__setattr__``: this runs for every claimed row (see decision 0025).
     """
     envelope = _new(EventEnvelope)
     _ID(envelope, event_id)
