@@ -174,7 +174,7 @@ class EventBrowser(DetailHost):
         self.view.cursors.append(last)
         self.view.has_more = False
         # The new page opens on its first row; moving the cursor now would only redraw
-        # the old page once more (20-30 ms of the event loop at 160 columns).
+        # the old page once more (decision 0032).
         table.top_on_next_page = True
         self._view_changed()
 
@@ -243,9 +243,9 @@ class EventBrowser(DetailHost):
     def sync_footer(self) -> None:
         """Refresh the bindings only when a key the footer shows changes.
 
-        Refreshing them rebuilds the footer, 15-30 ms of the event loop: on every arrow
-        key and every page it was most of the work. What the footer shows for the list
-        depends on these alone (``MainScreen.check_action``).
+        Refreshing them rebuilds the footer: on every arrow key and every page it was
+        most of the work (decision 0032). What the footer shows for the list depends on
+        these alone (``MainScreen.check_action``).
         """
         target = self._target()
         shown = (
