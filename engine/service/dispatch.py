@@ -15,8 +15,10 @@ from dataclasses import dataclass
 
 from engine.dispatch import OutboxDispatcher, default_dispatcher_id
 from engine.errors import NothingToDeliverError
+from engine.running.build import build_dispatcher
 from engine.running.metrics import OutboxMetrics
-from engine.running.run_loop import IterationCallback, RunSummary, build_dispatcher, run_dispatcher
+from engine.running.run_loop import IterationCallback, run_dispatcher
+from engine.running.summary import RunSummary
 from engine.service.apps import delivery_problem
 from engine.service.database import Purpose, open_database
 from engine.settings import OutboxSettings

@@ -20,7 +20,7 @@ from typing import Any
 from engine.dispatch import default_dispatcher_id
 from engine.errors import ConfigurationError
 from engine.running.metrics import OutboxMetrics, serve_metrics
-from engine.running.run_loop import RunSummary
+from engine.running.summary import RunSummary
 from engine.service import DispatchSpec, load_registry, open_dispatcher, run
 from engine.settings import DispatcherSettings
 from engine.storage.database import mask_url, storage_errors
