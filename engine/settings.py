@@ -253,7 +253,7 @@ class OutboxSettings(BaseSettings):
     exchange: Annotated[
         str, Field(min_length=1, description=f"RabbitMQ exchange (default {DEFAULT_EXCHANGE})")
     ] = DEFAULT_EXCHANGE
-    # The relay's circuit breaker (engine.relay.rabbitmq).
+    # The relay's circuit breaker (engine.relay.circuit).
     amqp_probe_seconds: Annotated[
         float,
         Field(
