@@ -1,6 +1,6 @@
 """``outbox-tui dead-letter list|groups|replay|skip``: inspect dead letters and act on them.
 
-Why one module (about 400 lines): the four subcommands are one command group
+Why one module: the four subcommands are one command group
 (docs/cli.md documents them together) and share its filter options, the audited
 action's ``--yes``/``--reason``/``--dry-run`` and the dedup-window check; the work
 itself is ``engine.service``'.
