@@ -45,6 +45,7 @@ from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from engine.dispatch import DEFAULT_MAX_CONCURRENCY, MAX_BATCH_SIZE
+from engine.dispatch.backoff import DEFAULT_BACKOFF
 from engine.errors import ConfigurationError, DatabaseUrlError
 from engine.operating.replay import DEFAULT_DEDUP_WINDOW
 from engine.storage.database import DEFAULT_DATABASE_URL, mask_secrets, parse_database_url
@@ -103,16 +104,16 @@ class DispatcherSettings(BaseModel):
     ] = None
     backoff_kind: Annotated[
         Literal["exponential", "fixed"], Field(description="how retry waits grow")
-    ] = "exponential"
+    ] = DEFAULT_BACKOFF.kind
     backoff_base_seconds: Annotated[
         float, Field(ge=0, le=24 * _HOUR, description="the first retry wait")
-    ] = 5.0
+    ] = DEFAULT_BACKOFF.base_seconds
     backoff_max_seconds: Annotated[
         float, Field(ge=0, le=24 * _HOUR, description="the longest retry wait")
-    ] = 300.0
+    ] = DEFAULT_BACKOFF.max_seconds
     backoff_jitter: Annotated[
         float, Field(ge=0, le=1, description="random spread of retry waits (fraction)")
-    ] = 0.1
+    ] = DEFAULT_BACKOFF.jitter
     retention_seconds: Annotated[
         float | None,
         Field(

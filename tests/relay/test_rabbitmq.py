@@ -35,7 +35,7 @@ from tests.engine.conftest import rows
 
 from .conftest import TRACE, BrokerControl, Topology, add_events
 
-ONE_SECOND = BackoffPolicy(kind="fixed", base_seconds=1, max_seconds=1)
+ONE_SECOND = BackoffPolicy(kind="fixed", base_seconds=1, max_seconds=1, jitter=0)
 
 
 def closed_port() -> int:
