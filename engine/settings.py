@@ -44,7 +44,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
-from engine.dispatch import DEFAULT_MAX_CONCURRENCY, MAX_BATCH_SIZE
+from engine.dispatch import CONCURRENCY_PER_BATCH, MAX_BATCH_SIZE
 from engine.dispatch.backoff import DEFAULT_BACKOFF
 from engine.errors import ConfigurationError, DatabaseUrlError
 from engine.operating.replay import DEFAULT_DEDUP_WINDOW
@@ -68,14 +68,14 @@ class DispatcherSettings(BaseModel):
         int, Field(ge=1, le=MAX_BATCH_SIZE, description="events claimed per round (default 100)")
     ] = 100
     max_concurrency: Annotated[
-        int,
+        int | None,
         Field(
             ge=1,
             le=10_000,
-            description="events of a batch delivered at once (default 200); handlers that "
-            "await I/O overlap",
+            description=f"events delivered at once (default {CONCURRENCY_PER_BATCH} x the "
+            "batch size); handlers that await I/O overlap",
         ),
-    ] = DEFAULT_MAX_CONCURRENCY
+    ] = None
     handler_timeout_seconds: Annotated[
         float | None,
         Field(

@@ -37,6 +37,7 @@ from engine.dispatch.delivery import LocalDelivery
 from engine.dispatch.handlers import HandlerRunner
 from engine.dispatch.relaying import Relaying
 from engine.dispatch.round import RoundLimits, Rounds, RoundsBehind
+from engine.dispatch.transactions import HandlerTransactions
 from engine.dispatch.types import (
     DispatchObserver,
     DispatchResult,
@@ -48,7 +49,9 @@ from engine.handlers.idempotency import IdempotencyStore
 from engine.storage.database import (
     DISPATCHER_BUSY_TIMEOUT_SECONDS,
     mask_secrets,
+    mask_url,
     read_only_engine,
+    same_database,
     waiting_at_most,
 )
 from engine.writing.registry import EventRegistry
@@ -58,7 +61,9 @@ log = logging.getLogger("engine.dispatcher")
 # Share of the lease a batch may use for starting handlers; the rest is margin for the
 # last handler and the completion write.
 LEASE_BUDGET = 0.8
-DEFAULT_MAX_CONCURRENCY = 200
+# Handlers in flight at once, unless set: every event of two batches, so that each round,
+# and the round overlapping its last calls, can start all of its events at once.
+CONCURRENCY_PER_BATCH = 2
 # One limit for the API and the settings: a completion carries two values per row.
 MAX_BATCH_SIZE = 1000
 DEFAULT_HANDLER_TIMEOUT = 10.0
@@ -80,7 +85,7 @@ class OutboxDispatcher:
         batch_size: int = 100,
         lease_seconds: float = 30.0,
         max_attempts: int | None = None,
-        max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
+        max_concurrency: int | None = None,
         handler_timeout_seconds: float | None = None,
         backoff: BackoffPolicy | None = None,
         idempotency_store: IdempotencyStore | None = None,
@@ -99,6 +104,8 @@ class OutboxDispatcher:
             raise ConfigurationError(f"lease_seconds must be > 0, got {lease_seconds}")
         if max_attempts is not None and max_attempts < 1:
             raise ConfigurationError(f"max_attempts must be >= 1, got {max_attempts}")
+        if max_concurrency is None:
+            max_concurrency = CONCURRENCY_PER_BATCH * batch_size
         if max_concurrency < 1:
             raise ConfigurationError(f"max_concurrency must be >= 1, got {max_concurrency}")
         if handler_timeout_seconds is None:
@@ -136,7 +143,23 @@ class OutboxDispatcher:
             and lock_provider is None
             and external_publisher is None
         )
+        self._refuse_another_database()
         self._build_parts()
+
+    def _refuse_another_database(self) -> None:
+        """Transactional handlers commit on this dispatcher's database: refuse to start
+        on another one than the database their app declared (``expect_database``)."""
+        expected = self.registry.expected_database
+        if expected is None or self.external_publisher is not None:
+            return
+        if not any(h.transactional for h in self.registry.all_handlers()):
+            return
+        if not same_database(expected, self.engine.url):
+            raise ConfigurationError(
+                f"the transactional handlers write to {mask_url(expected)}, but this "
+                f"dispatcher runs on {mask_url(self.engine.url)}: their writes must commit "
+                "in the outbox's own database (run the dispatcher there)"
+            )
 
     def _build_parts(self) -> None:
         """The pieces a round is made of, each handed only what it uses."""
@@ -169,10 +192,18 @@ class OutboxDispatcher:
         )
         local = None
         if self._relaying is None:
+            transactions = HandlerTransactions(
+                self.engine,
+                self.registry,
+                self.idempotency,
+                dispatcher_id=self.dispatcher_id,
+                clock=self.clock,
+            )
             runner = HandlerRunner(
                 self.registry,
                 self.idempotency,
                 reader,
+                transactions,
                 clock=self.clock,
                 handler_timeout=self.handler_timeout,
                 start_budget=self.start_budget,

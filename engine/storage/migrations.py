@@ -58,6 +58,10 @@ then its rows at rest in ``seq`` order) replaces ``ix_outbox_events_key_order`` 
 ``ix_outbox_events_key_in_flight``, which SQLite keeps (``engine.storage.schema.ONLY_ON``). A
 PostgreSQL database without it is outdated (``missing_indexes``); the upgrade builds it
 and drops the two, with the same caution on a large table as 0.4's (decision 0003).
+
+Version 0.9 ("Exactly-once effects"): ``outbox_events.causation_id`` and
+``correlation_id`` (the event whose handler published a row, and the first event of its
+chain), and the partial index ``ix_outbox_events_correlation`` that lists a chain.
 """
 
 from __future__ import annotations
@@ -82,6 +86,8 @@ ADDED_COLUMNS = (
     ("outbox_events", "ordering_key"),
     ("outbox_events", "seq"),
     ("outbox_events", "skipped_at"),
+    ("outbox_events", "causation_id"),
+    ("outbox_events", "correlation_id"),
     ("outbox_replay_log", "action"),
 )
 # Replaced by ix_outbox_events_unordered and ix_outbox_events_leased (now on locked_by),
