@@ -240,7 +240,7 @@ class OutboxMachine(RuleBasedStateMachine):
             dispatcher_id=REAL,
             batch_size=100,
             lease_seconds=LEASE.total_seconds(),
-            backoff=BackoffPolicy(kind="fixed", base_seconds=RETRY.total_seconds()),
+            backoff=BackoffPolicy(kind="fixed", base_seconds=RETRY.total_seconds(), jitter=0),
             clock=self.clock,
         )
         self.run(self._clear())
