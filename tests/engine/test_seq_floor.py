@@ -14,8 +14,7 @@ from datetime import timedelta
 from engine import OutboxDispatcher
 from engine.dispatch import fenced_writes
 from engine.dispatch.backoff import BackoffPolicy
-from engine.dispatch.claim_sql import ClaimScope
-from engine.dispatch.claimer import SEQ_FLOOR_RESET, ClaimCursor, ClaimedBatch, Claimer
+from engine.dispatch.claimer import SEQ_FLOOR_RESET, ClaimCursor, ClaimedBatch, Claimer, ClaimScope
 from engine.storage.schema import outbox_events
 
 from .conftest import rows

@@ -62,8 +62,7 @@ from engine import (
     unit_of_work,
 )
 from engine.dispatch import fenced_writes
-from engine.dispatch.claim_sql import ClaimScope
-from engine.dispatch.claimer import ClaimCursor, ClaimedBatch, Claimer
+from engine.dispatch.claimer import ClaimCursor, ClaimedBatch, Claimer, ClaimScope
 from engine.operating.replay import replay_dead_letter, skip_dead_letter
 from engine.storage.schema import (
     DEAD_LETTER,
