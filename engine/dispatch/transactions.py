@@ -51,6 +51,10 @@ class HandlerTransactions:
         self.idempotency = idempotency
         self.dispatcher_id = dispatcher_id
         self.clock = clock
+        # SQLite has one writer, and each transaction here holds it for its handler's
+        # whole call: one at a time per process, so a dispatcher's handlers queue here
+        # instead of each polling for the write lock beside the producers.
+        self._one_writer = asyncio.Lock() if engine.dialect.name == "sqlite" else None
 
     async def run(
         self,
@@ -70,9 +74,13 @@ class HandlerTransactions:
         """
         conn = self.engine.connect()
         session: HandlerSession | None = None
+        writing = False  # holds this process's turn at SQLite's write lock
 
         async def call() -> None:
-            nonlocal session
+            nonlocal session, writing
+            if self._one_writer is not None:
+                await self._one_writer.acquire()
+                writing = True
             await conn.start()
             await conn.begin()
             session = HandlerSession(bind=conn, expire_on_commit=False)
@@ -94,8 +102,13 @@ class HandlerTransactions:
                 if session is not None:
                     await session.release()
             finally:
-                if conn.sync_connection is not None:  # it connected
-                    await conn.close()  # a rollback, unless committed just above
+                try:
+                    if conn.sync_connection is not None:  # it connected
+                        await conn.close()  # a rollback, unless committed just above
+                finally:
+                    if writing:
+                        assert self._one_writer is not None
+                        self._one_writer.release()
 
     async def _call(
         self, session: HandlerSession, registered: RegisteredHandler, envelope: EventEnvelope

@@ -19,7 +19,7 @@ from types import ModuleType
 from engine.service import load_registry
 from engine.storage.database import mask_secrets
 from outbox_tui import PROG, __version__
-from outbox_tui.cli import console, dead_letter, dispatch, init_db, pause, stats
+from outbox_tui.cli import console, dead_letter, dispatch, event, init_db, pause, stats
 from outbox_tui.cli.errors import EXIT_USAGE, UsageError, run_guarded
 from outbox_tui.cli.event_loop import run_coroutine
 from outbox_tui.cli.options import (
@@ -32,7 +32,7 @@ from outbox_tui.cli.options import (
 )
 from outbox_tui.cli.redaction import RedactingStream, Redactor, SecretFilter, configure_logging
 
-COMMAND_GROUPS: tuple[ModuleType, ...] = (dispatch, dead_letter, pause, stats, init_db)
+COMMAND_GROUPS: tuple[ModuleType, ...] = (dispatch, dead_letter, pause, stats, event, init_db)
 # Commands that need every setting valid; the others only read and go on without a bad
 # dispatcher setting (stats says what it could not count).
 STRICT_SETTINGS = ("console", "dispatch", "dispatch-once")
@@ -88,8 +88,10 @@ def _options(parser: argparse.ArgumentParser) -> set[str]:
     return {option for action in parser._actions for option in action.option_strings}
 
 
-def _parsers(parser: argparse.ArgumentParser, path: str) -> Iterator[tuple[str, Parser]]:
-    yield path, parser  # type: ignore[misc]
+def _parsers(
+    parser: argparse.ArgumentParser, path: str
+) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    yield path, parser
     for name, child in _subcommands(parser).items():
         yield from _parsers(child, f"{path} {name}".strip())
 
@@ -165,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     status = run_guarded(resolved, fallback)
     if inv is None:
         return status
-    return run_guarded(lambda: _run(inv), inv.out)  # type: ignore[arg-type]
+    return run_guarded(lambda: _run(inv), inv.out)
 
 
 def _run(inv: Invocation) -> int:
