@@ -4,14 +4,17 @@ A side effect's record is what stops a retry from calling the external system ag
 the time from the call's return to its record's commit is a window in which a crash
 repeats the call. Written one transaction each, concurrent handlers' records queued for
 SQLite's write lock and for pool connections, and a crash cut off the whole queue. Here
-each call queues its record at once and awaits that record's commit; one writer task
-commits everything that arrived while the previous commit ran, as one transaction in one
-trip to the driver, on a connection it keeps while records keep coming. See decision 0033.
+each call queues its record at once and awaits that record's commit; one writer commits
+everything that arrived while its previous commit ran, as one transaction: on SQLite a
+thread of its own (engine.storage.sqlite_batches), so no commit waits for the event
+loop's next turn; on PostgreSQL a task sending one pipelined, atomic ``executemany`` on a
+connection it keeps while records keep coming. See decision 0033.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -23,6 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql.dml import Insert
 
 from engine.storage.database import SQLITE_BUSY_TIMEOUT_SECONDS, as_dbapi_error
+from engine.storage.sqlite_batches import SqliteBatchWriter
 
 # How long a record waits for SQLite's write lock before its call fails: as long as any
 # other writer would.
@@ -69,11 +73,11 @@ class RecordWriter:
     """Commits records through one upsert, in batches; each caller learns when its record is in.
 
     ``statement(dialect)`` builds the upsert of one record with the ``columns`` keys. A
-    record whose values cannot be bound fails alone, before the batch is sent; a batch
-    the database refuses is written again one record at a time, so a refused record
-    fails only its own caller. The writer task holds one connection while records keep
+    record whose values cannot be bound fails alone, at once; a batch the database
+    refuses is written again one record at a time, so a refused record fails only its
+    own caller. On PostgreSQL the writer task holds one connection while records keep
     arriving (no pool queue between a call and its record) and ends, handing it back,
-    when none is left: nothing needs closing.
+    when none is left; SQLite's thread ends likewise: nothing needs closing.
     """
 
     def __init__(
@@ -83,16 +87,32 @@ class RecordWriter:
         columns: Sequence[str],
     ) -> None:
         self._engine = engine
-        self._statement = statement
-        self._columns = tuple(columns)
-        self._compiled: DriverStatement | None = None
+        self._compiled = DriverStatement.compile(statement(engine.dialect), engine.dialect, columns)
         self._waiting: list[Waiting] = []
         self._task: asyncio.Task[None] | None = None
+        self._thread: SqliteBatchWriter | None = None
+        if engine.dialect.name == "sqlite":
+            args, kwargs = engine.dialect.create_connect_args(engine.url)
+            kwargs = {**kwargs, "isolation_level": None, "check_same_thread": True}
+            self._thread = SqliteBatchWriter(
+                functools.partial(sqlite3.connect, *args, **kwargs),
+                self._compiled.sql,
+                lock_wait_seconds=LOCK_WAIT_SECONDS,
+                translate=functools.partial(_as_dbapi_error, engine.dialect, self._compiled.sql),
+            )
 
     def submit(self, record: Record) -> asyncio.Future[None]:
         """Queue ``record`` for the next commit, at once (no await between a call's return
         and its record joining the queue); the future is done once it is committed."""
         done = asyncio.get_running_loop().create_future()
+        if self._thread is not None:
+            try:
+                row = self._compiled.parameters(record)
+            except Exception as exc:
+                done.set_exception(exc)
+                return done
+            self._thread.submit(row, done)
+            return done
         self._waiting.append((record, done))
         if self._task is None:
             self._task = asyncio.create_task(self._write_while_waiting())
@@ -105,10 +125,6 @@ class RecordWriter:
                 async with self._engine.connect() as conn:
                     raw = await conn.get_raw_connection()
                     driver, dialect = raw.driver_connection, conn.dialect
-                    if self._compiled is None:
-                        self._compiled = DriverStatement.compile(
-                            self._statement(dialect), dialect, self._columns
-                        )
                     while self._waiting:
                         batch, self._waiting = self._waiting, []
                         await self._commit(driver, dialect, self._compiled, batch)
@@ -151,24 +167,18 @@ class RecordWriter:
 
 
 async def _write(driver: Any, dialect: Dialect, sql: str, rows: list[tuple[Any, ...]]) -> None:
-    """One transaction, one trip: SQLite's connection thread runs it whole, polling for
-    the write lock; asyncpg's ``executemany`` is one pipelined, atomic round trip."""
+    """One transaction, one round trip: asyncpg's ``executemany`` is pipelined and atomic."""
     try:
-        if dialect.name == "sqlite":
-            await driver.write_promptly(
-                sql,
-                rows,
-                wait_seconds=LOCK_WAIT_SECONDS,
-                usual=SQLITE_BUSY_TIMEOUT_SECONDS,
-            )
-        else:
-            await driver.executemany(sql, rows)
-    except sqlite3.Error as exc:
-        raise DBAPIError.instance(sql, None, exc, sqlite3.Error, dialect=dialect) from exc
+        await driver.executemany(sql, rows)
     except Exception as exc:
-        if dialect.name == "sqlite":
-            raise
         raise as_dbapi_error(dialect, sql, exc) from exc
+
+
+def _as_dbapi_error(dialect: Dialect, sql: str, exc: Exception) -> BaseException:
+    """A sqlite3 error as SQLAlchemy raises it from ``execute``."""
+    if isinstance(exc, sqlite3.Error):
+        return DBAPIError.instance(sql, None, exc, sqlite3.Error, dialect=dialect)
+    return exc
 
 
 def _lost(driver: Any) -> bool:

@@ -17,7 +17,6 @@ import asyncio
 import collections
 import sqlite3
 import threading
-import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -28,8 +27,6 @@ _WORKER_STOP_SECONDS = 1.0
 # Rows fetched in the statement's own trip; more (a large result) take one trip more each
 # time they are read, so a streamed result still holds at most this many in memory.
 FIRST_ROWS = 1000
-# How often ``write_promptly`` tries for the write lock while another writer holds it.
-_LOCK_POLL_SECONDS = 0.001
 
 
 async def connect_aiosqlite(*args: Any, **kwargs: Any) -> OneTripConnection:
@@ -90,41 +87,6 @@ class OneTripConnection:
         when the wait ran out). Three statements, one trip: a dispatcher's claim begins so.
         """
         await _in_thread(self._aiosqlite, self._begin, f"BEGIN {mode}", busy_timeout, usual)
-
-    async def write_promptly(
-        self, sql: str, rows: Sequence[Sequence[Any]], *, wait_seconds: float, usual: float
-    ) -> None:
-        """``BEGIN IMMEDIATE``, ``sql`` once per row, ``COMMIT``: one transaction in one
-        trip, so the write lock is held for the SQL alone, never across the event loop's
-        turns (a busy loop takes many milliseconds a turn). The lock is polled for every
-        millisecond, in the thread, for at most ``wait_seconds`` (SQLite's busy handler
-        sleeps up to 100 ms between tries, through a free lock); then the ``usual`` busy
-        timeout (seconds) is back. Nothing is left of the transaction if a row fails."""
-        await _in_thread(self._aiosqlite, self._write_promptly, sql, rows, wait_seconds, usual)
-
-    def _write_promptly(
-        self, sql: str, rows: Sequence[Sequence[Any]], wait_seconds: float, usual: float
-    ) -> None:
-        connection = self._aiosqlite._conn
-        connection.execute("PRAGMA busy_timeout=0").close()
-        try:
-            deadline = time.monotonic() + wait_seconds
-            while True:
-                try:
-                    connection.execute("BEGIN IMMEDIATE").close()
-                    break
-                except sqlite3.OperationalError as exc:
-                    if "locked" not in str(exc) or time.monotonic() >= deadline:
-                        raise
-                time.sleep(_LOCK_POLL_SECONDS)
-            try:
-                connection.executemany(sql, rows).close()
-                connection.execute("COMMIT").close()
-            except BaseException:
-                connection.rollback()
-                raise
-        finally:
-            connection.execute(f"PRAGMA busy_timeout={int(usual * 1000)}").close()
 
     def _begin(self, begin: str, busy_timeout: float | None, usual: float) -> None:
         connection = self._aiosqlite._conn

@@ -8,7 +8,9 @@ under load); these tests pin what the writer must do.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -28,26 +30,52 @@ from engine.handlers.idempotency import (
     side_effect_upsert,
 )
 from engine.handlers.record_writer import RecordWriter
-from engine.storage.database import SQLITE_BUSY_TIMEOUT_SECONDS
 from engine.storage.schema import side_effects
+from engine.storage.sqlite_batches import SqliteBatchWriter
 
 
 def _key(n: int, effect: str = "charge") -> SideEffectKey:
     return SideEffectKey("acme", "user-1", f"event-{n}", "orders.charge", effect)
 
 
+@dataclass
+class Commits:
+    """The number of records of each transaction the writer sent; while ``release`` is
+    clear, a write waits before it is sent."""
+
+    sizes: list[int] = field(default_factory=list)
+    release: threading.Event = field(default_factory=threading.Event)
+    taken: threading.Event = field(default_factory=threading.Event)
+
+    def count(self, rows: list[Any]) -> None:
+        self.sizes.append(len(rows))
+        self.taken.set()
+
+    async def first_taken(self) -> None:
+        assert await asyncio.to_thread(self.taken.wait, 10)
+
+
 @pytest.fixture
-def commits(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The number of records of each transaction the writer sends."""
-    sizes: list[int] = []
+def commits(monkeypatch: pytest.MonkeyPatch) -> Commits:
+    """Counts the writer's transactions: its task's on PostgreSQL, its thread's on SQLite."""
+    seen = Commits()
+    seen.release.set()
     write = record_writer._write
+    write_on_thread = SqliteBatchWriter._write
 
     async def counted(driver: Any, dialect: Any, sql: str, rows: list[Any]) -> None:
-        sizes.append(len(rows))
+        seen.count(rows)
+        await asyncio.to_thread(seen.release.wait, 10)
         await write(driver, dialect, sql, rows)
 
+    def counted_on_thread(self: SqliteBatchWriter, connection: Any, rows: list[Any]) -> None:
+        seen.count(rows)
+        seen.release.wait(10)
+        write_on_thread(self, connection, rows)
+
     monkeypatch.setattr(record_writer, "_write", counted)
-    return sizes
+    monkeypatch.setattr(SqliteBatchWriter, "_write", counted_on_thread)
+    return seen
 
 
 async def _effects(engine: AsyncEngine) -> dict[str, dict[str, Any]]:
@@ -57,27 +85,29 @@ async def _effects(engine: AsyncEngine) -> dict[str, dict[str, Any]]:
 
 
 async def test_records_submitted_together_commit_in_one_transaction(
-    db: AsyncEngine, commits: list[int]
+    db: AsyncEngine, commits: Commits
 ) -> None:
     store = IdempotencyStore(db, clock=utc_now)
     await asyncio.gather(
         *(store.record_side_effect(_key(n), succeeded=True, response={"n": n}) for n in range(50))
     )
-    assert commits == [50]
+    assert commits.sizes == [50]
     effects = await _effects(db)
     assert len(effects) == 50
     assert effects["event-7"]["status"] == SUCCEEDED and effects["event-7"]["response"] == {"n": 7}
 
 
 async def test_records_arriving_during_a_commit_join_the_next_one(
-    db: AsyncEngine, commits: list[int]
+    db: AsyncEngine, commits: Commits
 ) -> None:
     store = IdempotencyStore(db, clock=utc_now)
+    commits.release.clear()
     first = store.submit_side_effect(_key(0), succeeded=True)
-    await asyncio.sleep(0)  # the writer has taken the first record and is committing it
+    await commits.first_taken()  # the writer has taken the first record and is committing it
     later = [store.submit_side_effect(_key(n), succeeded=True) for n in range(1, 20)]
+    commits.release.set()
     await asyncio.gather(first, *later)
-    assert commits == [1, 19]
+    assert commits.sizes == [1, 19]
     assert len(await _effects(db)) == 20
 
 
@@ -92,7 +122,7 @@ async def test_a_record_that_is_not_json_fails_only_its_own_call(db: AsyncEngine
 
 
 async def test_a_record_the_database_refuses_fails_only_its_own_call(
-    db: AsyncEngine, commits: list[int]
+    db: AsyncEngine, commits: Commits
 ) -> None:
     writer = RecordWriter(db, side_effect_upsert, SIDE_EFFECT_COLUMNS)
     now = utc_now()
@@ -119,7 +149,7 @@ async def test_a_record_the_database_refuses_fails_only_its_own_call(
         await bad
     await asyncio.gather(*good)
     assert sorted(await _effects(db)) == [f"event-{n}" for n in range(3)]
-    assert commits == [4, 1, 1, 1, 1]  # refused as a batch, then written one by one
+    assert commits.sizes == [4, 1, 1, 1, 1]  # refused as a batch, then written one by one
 
 
 async def test_one_key_twice_in_a_batch_ends_as_written_one_after_the_other(
@@ -174,7 +204,7 @@ async def test_sqlite_commits_as_soon_as_a_held_write_lock_is_released(
     assert list(await _effects(sqlite_db)) == ["event-1"]
 
 
-async def test_sqlite_writer_gives_up_after_the_busy_timeout_and_keeps_its_busy_timeout(
+async def test_sqlite_writer_gives_up_after_its_lock_wait_and_writes_again_later(
     sqlite_db: AsyncEngine, sqlite_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(record_writer, "LOCK_WAIT_SECONDS", 0.2)
@@ -187,8 +217,6 @@ async def test_sqlite_writer_gives_up_after_the_busy_timeout_and_keeps_its_busy_
                 await store.record_side_effect(_key(1), succeeded=True)
     finally:
         await holder.dispose()
-    # The connection that polled went back to the pool with the usual busy timeout.
-    async with sqlite_db.connect() as conn:
-        timeout = (await conn.execute(text("PRAGMA busy_timeout"))).scalar_one()
-    assert timeout == int(SQLITE_BUSY_TIMEOUT_SECONDS * 1000)
     assert await _effects(sqlite_db) == {}
+    await store.record_side_effect(_key(2), succeeded=True)  # the lock is free again
+    assert list(await _effects(sqlite_db)) == ["event-2"]
