@@ -8,7 +8,7 @@ each call queues its record at once and awaits that record's commit; one writer 
 everything that arrived while its previous commit ran, as one transaction: on SQLite a
 thread of its own (engine.storage.sqlite_batches), so no commit waits for the event
 loop's next turn; on PostgreSQL a task sending one pipelined, atomic ``executemany`` on a
-connection it keeps while records keep coming. See decision 0033.
+connection it keeps while records keep coming. See decision 0036.
 """
 
 from __future__ import annotations
@@ -31,6 +31,9 @@ from engine.storage.sqlite_batches import SqliteBatchWriter
 # How long a record waits for SQLite's write lock before its call fails: as long as any
 # other writer would.
 LOCK_WAIT_SECONDS = SQLITE_BUSY_TIMEOUT_SECONDS
+# How long the PostgreSQL writer keeps its connection without a record: past the gaps
+# between a dispatcher's rounds, so a round's first record finds it still held.
+KEEP_CONNECTION_SECONDS = 0.25
 Record = dict[str, Any]  # the column values of one row
 Waiting = tuple[Record, asyncio.Future[None]]
 
@@ -77,7 +80,8 @@ class RecordWriter:
     refuses is written again one record at a time, so a refused record fails only its
     own caller. On PostgreSQL the writer task holds one connection while records keep
     arriving (no pool queue between a call and its record) and ends, handing it back,
-    when none is left; SQLite's thread ends likewise: nothing needs closing.
+    after ``KEEP_CONNECTION_SECONDS`` without one; SQLite's thread ends likewise: nothing needs
+    closing.
     """
 
     def __init__(
@@ -90,6 +94,7 @@ class RecordWriter:
         self._compiled = DriverStatement.compile(statement(engine.dialect), engine.dialect, columns)
         self._waiting: list[Waiting] = []
         self._task: asyncio.Task[None] | None = None
+        self._arrived = asyncio.Event()
         self._thread: SqliteBatchWriter | None = None
         if engine.dialect.name == "sqlite":
             args, kwargs = engine.dialect.create_connect_args(engine.url)
@@ -116,6 +121,8 @@ class RecordWriter:
         self._waiting.append((record, done))
         if self._task is None:
             self._task = asyncio.create_task(self._write_while_waiting())
+        else:
+            self._arrived.set()
         return done
 
     async def _write_while_waiting(self) -> None:
@@ -125,7 +132,7 @@ class RecordWriter:
                 async with self._engine.connect() as conn:
                     raw = await conn.get_raw_connection()
                     driver, dialect = raw.driver_connection, conn.dialect
-                    while self._waiting:
+                    while self._waiting or await self._more_within(KEEP_CONNECTION_SECONDS):
                         batch, self._waiting = self._waiting, []
                         await self._commit(driver, dialect, self._compiled, batch)
                         if _lost(driver):  # the server went away: the pool must not reuse it
@@ -140,6 +147,16 @@ class RecordWriter:
                 if not done.done():
                     done.cancel()
             self._waiting = []
+
+    async def _more_within(self, seconds: float) -> bool:
+        """Whether a record arrives within ``seconds``: the connection is kept that long,
+        so a record after a pause does not queue for one from the pool."""
+        self._arrived.clear()
+        try:
+            await asyncio.wait_for(self._arrived.wait(), seconds)
+        except TimeoutError:
+            return bool(self._waiting)
+        return True
 
     async def _commit(
         self, driver: Any, dialect: Dialect, stmt: DriverStatement, batch: list[Waiting]
