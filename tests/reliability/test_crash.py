@@ -294,9 +294,12 @@ EFFECTS_APP = "tests.reliability.effects_app"
 LOAD_CI = (1500, 20)
 LOAD_SOAK = (6000, 80)
 PRODUCER_CHUNK = 10  # events per producer transaction
-# Repeats per kill allowed: issue 44's goal is one; the old record path made 18-25 on
-# SQLite, the group-committed one 1.45 (decision 0036).
+# Issue 44's goals are one repeat per kill and a window p99 of 50 ms; on a shared two-core
+# machine the new record path measured 0-1.9 and 23-143 ms, the old one 0.55-27 per kill
+# and 0.35-18 s (decision 0036). The bounds leave room for a loaded machine and still fail
+# the old path on SQLite; PostgreSQL's old path fails on its lost leases.
 REPEATS_PER_KILL = 4
+SQLITE_WINDOW_P99_MS = 300.0
 
 
 async def _produce(url: str, chunks: asyncio.Queue[list[OutboxEvent] | None]) -> None:
@@ -331,9 +334,10 @@ async def test_sigkilled_dispatchers_under_load_repeat_at_most_one_call_per_kill
     """Two dispatchers at default batch size and concurrency, each event's handler making
     two guarded external calls, a producer writing throughout; one process killed at a
     random moment at a time. A call is made again only after a kill of the process that
-    made it, between the call and its record, and at most a few times per kill. On SQLite
-    no live process loses a lease: records no longer starve completions of the write lock.
-    The window's figures are recorded for docs/RELIABILITY.md (decision 0036)."""
+    made it, between the call and its record, and at most a few times per kill; no live
+    process loses a lease (records no longer starve completions of SQLite's write lock,
+    nor rounds of PostgreSQL's pool); on SQLite the window stays short. The figures are
+    recorded for docs/RELIABILITY.md (decision 0036)."""
     events, kills = LOAD_SOAK if soak else LOAD_CI
     rng = random.Random(SEED)
     drafts = _load(rng, events)
@@ -408,11 +412,10 @@ async def test_sigkilled_dispatchers_under_load_repeat_at_most_one_call_per_kill
         f"without a kill; {lost_leases} leases lost"
     )
     assert calls.repeats_without_kill == [], figures
+    assert lost_leases == 0, figures
     assert repeats_after_kill <= REPEATS_PER_KILL * kills, figures
     if database_name(database_url) == "sqlite":
-        # On PostgreSQL live processes lose leases with or without side effects when the
-        # machine is this loaded (the batch claimed ahead held past 2 s): decision 0036.
-        assert lost_leases == 0, figures
+        assert calls.percentile(0.99) <= SQLITE_WINDOW_P99_MS, figures
 
     record(
         ScenarioResult(
@@ -435,7 +438,8 @@ async def test_sigkilled_dispatchers_under_load_repeat_at_most_one_call_per_kill
                 f"{repeats_after_kill} made again after a kill ({repeats_after_kill / kills:.2f} "
                 f"per kill), {len(calls.repeats_without_kill)} without one; "
                 f"{lost_leases} leases lost by processes never stopped",
-                f"the window, from the call's return to its record committed: {calls.summary()}",
+                f"the window, from the call's return to the helper's (its record committed): "
+                f"{calls.summary()}",
             ],
         )
     )
