@@ -13,6 +13,7 @@ to 100 ms.
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 import sqlite3
 import time
@@ -56,15 +57,24 @@ _BUSY_TIMEOUT_OPTION = "outbox_busy_timeout"
 # process holds the lock for minutes (SQLite's own wait cannot be interrupted).
 DISPATCHER_BUSY_TIMEOUT_SECONDS = 5.0
 _PROMPT_POLL_SECONDS = 0.001
-_ASYNC_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+asyncpg"}
-_SUPPORTED = ("sqlite+aiosqlite", "postgresql+asyncpg")
+_ASYNC_DRIVERS = {
+    "sqlite": "sqlite+aiosqlite",
+    "postgresql": "postgresql+asyncpg",
+    "postgres": "postgresql+asyncpg",
+    # SQLAlchemy's two names for psycopg 3's async side: one spelling everywhere.
+    "postgresql+psycopg_async": "postgresql+psycopg",
+}
+_SUPPORTED = ("sqlite+aiosqlite", "postgresql+asyncpg", "postgresql+psycopg")
+# What to install for a driver the engine supports but the environment lacks.
+_DRIVER_EXTRAS = {"postgresql+psycopg": "psycopg[binary] (pip install 'outbox-tui[psycopg]')"}
 
 
 def parse_database_url(url: str | URL) -> URL:
     """Parse and normalise a URL to one of the supported async drivers.
 
     ``postgresql://`` and ``sqlite:///`` are accepted and mapped to asyncpg and
-    aiosqlite; anything else is a ``DatabaseUrlError`` naming the problem.
+    aiosqlite; ``postgresql+psycopg://`` is psycopg 3 (async); anything else is a
+    ``DatabaseUrlError`` naming the problem.
     """
     if isinstance(url, str) and raw_at_in_password(url):
         raise DatabaseUrlError(
@@ -80,12 +90,11 @@ def parse_database_url(url: str | URL) -> URL:
     name = parsed.drivername
     if name in _ASYNC_DRIVERS:
         parsed = parsed.set(drivername=_ASYNC_DRIVERS[name])
-    elif name == "postgres":
-        parsed = parsed.set(drivername="postgresql+asyncpg")
     if parsed.drivername not in _SUPPORTED:
         raise DatabaseUrlError(
             f"unsupported database URL scheme {name!r} in {mask_url(parsed)!r}: "
-            "use sqlite+aiosqlite:///path.db or postgresql+asyncpg://user:pass@host/db"
+            "use sqlite+aiosqlite:///path.db, postgresql+asyncpg://user:pass@host/db "
+            "or postgresql+psycopg://user:pass@host/db"
         )
     if parsed.drivername == "postgresql+asyncpg" and "sslmode" in parsed.query:
         # libpq spells it sslmode; asyncpg takes the same values as ssl.
@@ -197,7 +206,22 @@ def create_engine(url: str | URL, **kwargs: Any) -> AsyncEngine:
     # No pool_pre_ping: a ping per checkout is one more round trip on every business
     # transaction. A connection that died with its server fails once, is invalidated by
     # SQLAlchemy, and the run loop and console retry.
-    return create_async_engine(parsed, **kwargs)
+    try:
+        return create_async_engine(parsed, **kwargs)
+    except ImportError as exc:  # the driver of a supported scheme is not installed
+        need = _DRIVER_EXTRAS.get(parsed.drivername, exc.name or "its driver")
+        raise DatabaseUrlError(
+            f"{parsed.drivername} needs {need}, which is not installed ({exc})"
+        ) from None
+
+
+def connect_timeout_args(url: URL, seconds: float) -> dict[str, Any]:
+    """``connect_args`` that bound a PostgreSQL connect to ``seconds``, as the URL's
+    driver spells it: asyncpg's ``timeout``, libpq's (psycopg's) whole-second
+    ``connect_timeout``."""
+    if url.drivername == "postgresql+psycopg":
+        return {"connect_timeout": max(1, math.ceil(seconds))}
+    return {"timeout": seconds}
 
 
 def read_only_engine(engine: AsyncEngine) -> AsyncEngine:
@@ -283,6 +307,17 @@ def is_postgresql(engine: AsyncEngine) -> bool:
     return engine.dialect.name == "postgresql"
 
 
+def is_asyncpg(dialect: Dialect) -> bool:
+    """Whether ``dialect`` talks to PostgreSQL through asyncpg, whose connection the hot
+    paths (the outbox INSERT, the claim, LISTEN) use directly."""
+    return dialect.driver == "asyncpg"
+
+
+def is_psycopg(dialect: Dialect) -> bool:
+    """Whether ``dialect`` is psycopg 3 (async or sync), which has paths of its own."""
+    return dialect.driver in ("psycopg", "psycopg_async")
+
+
 _MISSING_TABLE = re.compile(r"no such table|relation \"?[\w.]+\"? does not exist|UndefinedTable")
 
 
@@ -349,7 +384,7 @@ async def storage_errors(url: str | URL | None = None) -> AsyncIterator[None]:
             f"the database URL has a query parameter its driver does not take: {unknown.group(1)!r}"
         ) from None
     except Exception as exc:  # asyncpg raises its own tree outside SQLAlchemy at connect
-        if type(exc).__module__.startswith(("asyncpg", "sqlite3", "aiosqlite")):
+        if type(exc).__module__.startswith(("asyncpg", "psycopg", "sqlite3", "aiosqlite")):
             raise translate_storage_error(exc, url) from exc
         raise
 
@@ -393,7 +428,7 @@ async def check_schema(engine: AsyncEngine) -> None:
 
 
 def as_dbapi_error(dialect: Dialect, sql: str, exc: Exception) -> Exception:
-    """``exc`` from asyncpg, called directly, as SQLAlchemy would raise it.
+    """``exc`` from asyncpg or psycopg, called directly, as SQLAlchemy would raise it.
 
     For the statements the hot paths send straight to the driver (the outbox INSERT,
     the claim): IntegrityError, ProgrammingError, OperationalError ... as from
@@ -401,6 +436,10 @@ def as_dbapi_error(dialect: Dialect, sql: str, exc: Exception) -> Exception:
     Anything the driver's error map does not know (an OSError) is returned as is.
     """
     dbapi = dialect.loaded_dbapi
+    if is_psycopg(dialect) and isinstance(exc, dbapi.Error):
+        # psycopg's own errors are the DB-API's: SQLAlchemy wraps them as they are.
+        wrapped: Exception = DBAPIError.instance(sql, None, exc, dbapi.Error, dialect=dialect)
+        return wrapped
     translate = getattr(dbapi, "_asyncpg_error_translate", {})
     for kind in type(exc).__mro__:
         if kind in translate:

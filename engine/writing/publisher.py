@@ -1,11 +1,12 @@
 """Write outbox rows inside the caller's transaction: the heart of the outbox.
 
-On PostgreSQL the rows go straight to the session's asyncpg connection as one prepared
-INSERT (asyncpg's statement cache keeps it prepared per connection), in the session's
-transaction: the publish is on every business transaction's path, and SQLAlchemy's
-statement execution (cache key, compiled-form lookup, ORM execute, bind processing,
-result) was about a quarter of the client CPU it adds to a unit of work; the round trip
-itself is most of the rest. SQLite keeps the ordinary ``session.execute``.
+On PostgreSQL the rows go straight to the session's driver connection as one prepared
+INSERT (asyncpg's statement cache, or psycopg's ``prepare=True``, keeps it prepared per
+connection), in the session's transaction: the publish is on every business
+transaction's path, and SQLAlchemy's statement execution (cache key, compiled-form
+lookup, ORM execute, bind processing, result) was about a quarter of the client CPU it
+adds to a unit of work; the round trip itself is most of the rest (decision 0033 has the
+figures per driver). SQLite keeps the ordinary ``session.execute``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from engine.clock import Clock, as_utc, uuid7
 from engine.clock import utc_now as _utc_now
 from engine.context import TaskContext, current_task_context
 from engine.errors import EventValidationError, OutboxTransactionError
-from engine.storage.database import as_dbapi_error
+from engine.storage import psycopg_paths
+from engine.storage.database import as_dbapi_error, is_asyncpg, is_psycopg
 from engine.storage.schema import outbox_events
 from engine.writing.registry import EventRegistry, check_ordering_key
 
@@ -190,19 +192,26 @@ def _columns_of(row: dict[str, Any]) -> tuple[str, ...]:
 
 
 @cache
-def _insert_sql(columns: tuple[str, ...]) -> str:
-    """The PostgreSQL INSERT of one column set, with asyncpg's ``$n`` parameters."""
+def _insert_sql(columns: tuple[str, ...], psycopg: bool = False) -> str:
+    """The PostgreSQL INSERT of one column set, with asyncpg's ``$n`` parameters (or
+    psycopg's ``%s``)."""
     names = ", ".join(columns)
-    params = ", ".join(f"${n}" for n in range(1, len(columns) + 1))
+    if psycopg:
+        params = ", ".join("%s" for _ in columns)
+    else:
+        params = ", ".join(f"${n}" for n in range(1, len(columns) + 1))
     return f"INSERT INTO {outbox_events.name} ({names}) VALUES ({params})"
 
 
-def _driver_values(row: dict[str, Any], serialize: Any) -> tuple[Any, ...]:
-    """The row's values in its column order, as the columns' types would bind them."""
+def _driver_values(row: dict[str, Any], serialize: Any, wrap: Any = None) -> tuple[Any, ...]:
+    """The row's values in its column order, as the columns' types would bind them
+    (``wrap``: how the driver takes the payload's JSON text, when not as text)."""
     values = list(row.values())
     for n, column in enumerate(row):
         if column == "payload":
             values[n] = serialize(values[n])
+            if wrap is not None:
+                values[n] = wrap(values[n])
         elif column == "created_at":
             values[n] = as_utc(values[n])
     return tuple(values)
@@ -227,9 +236,9 @@ def _flushed_driver_connection(session: Session) -> Any:
 async def _insert_on_driver(
     session: AsyncSession, dialect: Dialect, rows: list[dict[str, Any]]
 ) -> bool:
-    """Insert ``rows`` on the session's asyncpg connection; False when it is not in a
-    transaction yet (the caller's ``session.execute`` then begins one as usual) or the
-    table name needs SQLAlchemy's schema translation.
+    """Insert ``rows`` on the session's asyncpg or psycopg connection; False when it is
+    not in a transaction yet (the caller's ``session.execute`` then begins one as usual),
+    the table name needs SQLAlchemy's schema translation, or the driver is another.
 
     One greenlet hop (autoflush and the connection), then one round trip per run of rows
     with the same columns (``execute`` for one row, a pipelined ``executemany`` for
@@ -238,16 +247,27 @@ async def _insert_on_driver(
     see it. A driver error is raised as SQLAlchemy's ``DBAPIError`` subclass, as
     ``session.execute`` raises it, and the transaction rolls back with the unit of work.
     """
+    psycopg = is_psycopg(dialect)
+    if not psycopg and not is_asyncpg(dialect):
+        return False
     serialize = getattr(dialect, "_json_serializer", None) or json.dumps
+    wrap = psycopg_paths.jsonb_text() if psycopg else None
     try:
         batches = [
-            (_insert_sql(columns), [_driver_values(row, serialize) for row in run])
+            (_insert_sql(columns, psycopg), [_driver_values(row, serialize, wrap) for row in run])
             for columns, run in itertools.groupby(rows, key=_columns_of)
         ]
     except (TypeError, ValueError) as exc:
         raise EventValidationError(f"payload is not JSON-serialisable: {exc}") from None
     driver = await session.run_sync(_flushed_driver_connection)
-    if driver is None or not driver.is_in_transaction():
+    if driver is None:
+        return False
+    if psycopg:
+        if driver.autocommit:
+            return False
+        await psycopg_paths.insert_rows(driver, dialect, batches)
+        return True
+    if not driver.is_in_transaction():
         return False
     for sql, values in batches:
         try:
