@@ -148,43 +148,52 @@ class OutboxEventPublisher:
             raise
 
     def _row(self, event: OutboxEvent, context: TaskContext | None) -> dict[str, Any]:
-        payload = dict(event.payload)
-        if context is not None:
-            for name, value in context.envelope_fields().items():
-                payload.setdefault(name, value)
-        tenant_id = event.tenant_id or (context.tenant_id if context else None)
-        if tenant_id is None:
-            raise EventValidationError(
-                f"{event.event_type}: the event's tenant_id is required "
-                "(pass tenant_id=... or open the unit of work with a TaskContext)"
-            )
-        self._registry.validate_event(event.event_type, event.event_version, payload, tenant_id)
-        if not event.aggregate_type or not str(event.aggregate_id):
-            raise EventValidationError(
-                f"{event.event_type}: aggregate_type and aggregate_id are required"
-            )
-        max_attempts = event.max_attempts
-        if max_attempts is not None and max_attempts < 1:
-            raise EventValidationError(f"{event.event_type}: max_attempts must be >= 1")
-        row: dict[str, Any] = {
-            "id": uuid7(),
-            "tenant_id": tenant_id,
-            "event_type": event.event_type,
-            "event_version": event.event_version,
-            "aggregate_type": event.aggregate_type,
-            "aggregate_id": str(event.aggregate_id),
-            "payload": payload,
-            "created_at": self._clock(),
-        }
-        if max_attempts is not None:
-            row["max_attempts"] = max_attempts
-        if event.ordering_key is not None:
-            row["ordering_key"] = check_ordering_key(event.event_type, event.ordering_key)
-        else:
-            row["ordering_key"] = self._registry.ordering_key_for(
-                event.event_type, event.aggregate_type, str(event.aggregate_id), payload
-            )
-        return row
+        return outbox_row(self._registry, self._clock, event, context)
+
+
+def outbox_row(
+    registry: EventRegistry, clock: Clock, event: OutboxEvent, context: TaskContext | None
+) -> dict[str, Any]:
+    """The ``outbox_events`` row of ``event``, checked as every publisher checks it (type,
+    version, schema, tenant, aggregate, attempts, ordering key); shared by the async and
+    the sync publisher (engine.writing.sync_publisher)."""
+    payload = dict(event.payload)
+    if context is not None:
+        for name, value in context.envelope_fields().items():
+            payload.setdefault(name, value)
+    tenant_id = event.tenant_id or (context.tenant_id if context else None)
+    if tenant_id is None:
+        raise EventValidationError(
+            f"{event.event_type}: the event's tenant_id is required "
+            "(pass tenant_id=... or open the unit of work with a TaskContext)"
+        )
+    registry.validate_event(event.event_type, event.event_version, payload, tenant_id)
+    if not event.aggregate_type or not str(event.aggregate_id):
+        raise EventValidationError(
+            f"{event.event_type}: aggregate_type and aggregate_id are required"
+        )
+    max_attempts = event.max_attempts
+    if max_attempts is not None and max_attempts < 1:
+        raise EventValidationError(f"{event.event_type}: max_attempts must be >= 1")
+    row: dict[str, Any] = {
+        "id": uuid7(),
+        "tenant_id": tenant_id,
+        "event_type": event.event_type,
+        "event_version": event.event_version,
+        "aggregate_type": event.aggregate_type,
+        "aggregate_id": str(event.aggregate_id),
+        "payload": payload,
+        "created_at": clock(),
+    }
+    if max_attempts is not None:
+        row["max_attempts"] = max_attempts
+    if event.ordering_key is not None:
+        row["ordering_key"] = check_ordering_key(event.event_type, event.ordering_key)
+    else:
+        row["ordering_key"] = registry.ordering_key_for(
+            event.event_type, event.aggregate_type, str(event.aggregate_id), payload
+        )
+    return row
 
 
 def _columns_of(row: dict[str, Any]) -> tuple[str, ...]:
