@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+from pydantic import BaseModel
 from sqlalchemy import insert
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import StatementError
@@ -31,6 +32,7 @@ from engine.errors import EventValidationError, OutboxTransactionError
 from engine.storage import psycopg_paths
 from engine.storage.database import as_dbapi_error, is_asyncpg, is_psycopg
 from engine.storage.schema import outbox_events
+from engine.writing.models import payload_of
 from engine.writing.registry import EventRegistry, check_ordering_key
 
 _INSERT = insert(outbox_events)
@@ -46,7 +48,7 @@ class OutboxEvent:
     """An event to publish, before it has an id."""
 
     event_type: str
-    payload: Mapping[str, Any]
+    payload: Mapping[str, Any] | BaseModel  # a model instance is dumped to JSON types
     aggregate_type: str
     aggregate_id: str
     event_version: int = 1
@@ -83,7 +85,7 @@ class OutboxEventPublisher:
     async def publish(
         self,
         event_type: str,
-        payload: Mapping[str, Any],
+        payload: Mapping[str, Any] | BaseModel,
         *,
         aggregate_type: str,
         aggregate_id: str,
@@ -157,7 +159,7 @@ def outbox_row(
     """The ``outbox_events`` row of ``event``, checked as every publisher checks it (type,
     version, schema, tenant, aggregate, attempts, ordering key); shared by the async and
     the sync publisher (engine.writing.sync_publisher)."""
-    payload = dict(event.payload)
+    payload = payload_of(event.payload)
     if context is not None:
         for name, value in context.envelope_fields().items():
             payload.setdefault(name, value)

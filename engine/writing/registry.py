@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar, cast
 
 from engine.errors import (
     EventRegistrationError,
@@ -19,8 +19,12 @@ from engine.errors import (
     UnknownEventTypeError,
 )
 from engine.writing.envelope import EventEnvelope
+from engine.writing.models import ModelSchema, is_model_class, takes_model, with_model
 
 Handler = Callable[[EventEnvelope], Awaitable[Any]]
+# A handler that also takes its event's parsed pydantic model (engine.writing.models).
+ModelHandler = Callable[[EventEnvelope, Any], Awaitable[Any]]
+AnyHandler = TypeVar("AnyHandler", bound=Callable[..., Awaitable[Any]])
 ReadyHook = Callable[[], Awaitable[None]]
 FieldType = type | tuple[type, ...]
 SubjectSelector = Callable[[Any], str]
@@ -152,11 +156,15 @@ class DomainEventMapping:
     subject: SubjectSelector | None = None
 
 
+# What a registered version's payload is checked against: field types, or a pydantic model.
+PayloadSchema = EventSchemaSpec | ModelSchema
+
+
 class EventRegistry:
     """Event types with versions and schemas, their handlers, and domain event mappings."""
 
     def __init__(self) -> None:
-        self._schemas: dict[tuple[str, int], EventSchemaSpec | None] = {}
+        self._schemas: dict[tuple[str, int], PayloadSchema | None] = {}
         self._handlers: dict[str, tuple[RegisteredHandler, ...]] = {}
         self._domain_events: dict[type, DomainEventMapping] = {}
         self._ordering: dict[str, Ordering] = {}
@@ -164,9 +172,16 @@ class EventRegistry:
 
     # -- event types -----------------------------------------------------
     def register_event(
-        self, event_type: str, version: int = 1, schema: EventSchemaSpec | None = None
+        self,
+        event_type: str,
+        version: int = 1,
+        schema: EventSchemaSpec | type[Any] | None = None,
     ) -> None:
-        """Declare that ``event_type`` at ``version`` may be published."""
+        """Declare that ``event_type`` at ``version`` may be published.
+
+        ``schema``: an ``EventSchemaSpec``, or a pydantic model class (engine.writing.models),
+        checked at publish and again before the handlers.
+        """
         if not event_type or not isinstance(event_type, str):
             raise EventRegistrationError("event_type must be a non-empty string")
         if not isinstance(version, int) or isinstance(version, bool) or version < 1:
@@ -174,7 +189,17 @@ class EventRegistry:
         key = (event_type, version)
         if key in self._schemas:
             raise EventRegistrationError(f"event {event_type!r} v{version} is registered twice")
-        self._schemas[key] = schema
+        checked: PayloadSchema | None
+        if schema is None or isinstance(schema, EventSchemaSpec):
+            checked = schema
+        elif is_model_class(schema):
+            checked = ModelSchema(schema)
+        else:
+            raise EventRegistrationError(
+                f"the schema of {event_type!r} v{version} must be an EventSchemaSpec or a "
+                f"pydantic model class, got {schema!r}"
+            )
+        self._schemas[key] = checked
 
     def is_registered(self, event_type: str, version: int) -> bool:
         return (event_type, version) in self._schemas
@@ -182,6 +207,19 @@ class EventRegistry:
     def event_types(self) -> list[tuple[str, int]]:
         """Registered (event_type, version) pairs, sorted."""
         return sorted(self._schemas)
+
+    def versions_of(self, event_type: str) -> list[int]:
+        """The registered versions of ``event_type``, ascending."""
+        return sorted(v for (t, v) in self._schemas if t == event_type)
+
+    def schema_for(self, event_type: str, version: int) -> PayloadSchema | None:
+        """The schema a registered version is checked against (None: context fields only)."""
+        return self._schemas.get((event_type, version))
+
+    def model_for(self, event_type: str, version: int) -> ModelSchema | None:
+        """The pydantic model schema of a registered version, if it was given one."""
+        schema = self._schemas.get((event_type, version))
+        return schema if isinstance(schema, ModelSchema) else None
 
     def conforms(self, event_type: str, event_version: int, payload: Any, tenant_id: str) -> bool:
         """True when the event certainly passes ``validate_event`` (False: ask it why not).
@@ -289,7 +327,9 @@ class EventRegistry:
         return ordering.on_dead_letter if ordering is not None else "block"
 
     # -- handlers ---------------------------------------------------------
-    def register_handler(self, event_type: str, handler: Handler, *, key: str) -> None:
+    def register_handler(
+        self, event_type: str, handler: Handler | ModelHandler, *, key: str
+    ) -> None:
         """Attach ``handler`` to ``event_type`` under a stable ``key``.
 
         The key names the handler in idempotency records, so it must not change
@@ -306,12 +346,17 @@ class EventRegistry:
             raise EventRegistrationError(
                 f"handler key {key!r} is registered twice for {event_type}"
             )
-        self._handlers[event_type] = (*existing, RegisteredHandler(event_type, key, handler))
+        delivered: Handler
+        if takes_model(handler):  # handler(envelope, model): give it the parsed model
+            delivered = with_model(self, event_type, key, cast(ModelHandler, handler))
+        else:
+            delivered = cast(Handler, handler)
+        self._handlers[event_type] = (*existing, RegisteredHandler(event_type, key, delivered))
 
-    def handler(self, event_type: str, *, key: str) -> Callable[[Handler], Handler]:
+    def handler(self, event_type: str, *, key: str) -> Callable[[AnyHandler], AnyHandler]:
         """Decorator form of ``register_handler``."""
 
-        def decorate(fn: Handler) -> Handler:
+        def decorate(fn: AnyHandler) -> AnyHandler:
             self.register_handler(event_type, fn, key=key)
             return fn
 

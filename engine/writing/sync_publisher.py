@@ -15,6 +15,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pydantic import BaseModel
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import StatementError
 from sqlalchemy.orm import Session
@@ -68,7 +69,7 @@ class SyncOutboxEventPublisher:
     def publish(
         self,
         event_type: str,
-        payload: Mapping[str, Any] | Any,
+        payload: Mapping[str, Any] | BaseModel,
         *,
         aggregate_type: str,
         aggregate_id: str,
