@@ -427,6 +427,16 @@ async def check_schema(engine: AsyncEngine) -> None:
         )
 
 
+async def schema_statements(engine: AsyncEngine) -> list[str]:
+    """The SQL ``create_schema`` would run on this database, without running it (empty
+    when the database is current); see engine.storage.migrations.schema_sql."""
+    from engine.storage.migrations import schema_sql
+
+    async with storage_errors(engine.url), read_only_engine(engine).connect() as conn:
+        statements: list[str] = await conn.run_sync(schema_sql)
+    return statements
+
+
 def as_dbapi_error(dialect: Dialect, sql: str, exc: Exception) -> Exception:
     """``exc`` from asyncpg or psycopg, called directly, as SQLAlchemy would raise it.
 
