@@ -6,7 +6,8 @@ wraps it in a ``ModelSchema``, which answers the registry's two questions as
 through the same code. The payload's context fields (``tenant_id``, ``actor_id``,
 ``request_id``, ``trace_id``) are checked by the registry itself; a model that does not
 declare them never sees them, so a model with ``extra="forbid"`` works. A handler that
-takes a second parameter receives the parsed model beside the envelope.
+takes one parameter more than it would otherwise (``(envelope, model)``, or
+``(envelope, model, session)`` when transactional) receives the parsed model.
 """
 
 from __future__ import annotations
@@ -83,8 +84,9 @@ def payload_of(payload: Any) -> dict[str, Any]:
     return dict(payload)
 
 
-def takes_model(handler: Callable[..., Any]) -> bool:
-    """Whether ``handler`` takes the parsed model beside the envelope (two parameters)."""
+def takes_model(handler: Callable[..., Any], transactional: bool = False) -> bool:
+    """Whether ``handler`` takes the parsed model after the envelope: two required
+    parameters, three for a transactional handler (which also takes the session)."""
     try:
         parameters = inspect.signature(handler).parameters.values()
     except (TypeError, ValueError):
@@ -94,16 +96,17 @@ def takes_model(handler: Callable[..., Any]) -> bool:
         for p in parameters
         if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
     ]
-    return len(positional) == 2
+    return len(positional) == (3 if transactional else 2)
 
 
 def with_model(
     registry: EventRegistry,
     event_type: str,
     key: str,
-    handler: Callable[[EventEnvelope, Any], Awaitable[Any]],
-) -> Callable[[EventEnvelope], Awaitable[Any]]:
-    """``handler(envelope, model)`` as a handler of the envelope alone.
+    handler: Callable[..., Awaitable[Any]],
+) -> Callable[..., Awaitable[Any]]:
+    """``handler(envelope, model, *rest)`` as a handler of ``(envelope, *rest)`` (rest: a
+    transactional handler's session).
 
     The event's payload was checked against its version's model before delivery; here
     it is parsed into that model. A version registered without a model cannot be given
@@ -112,17 +115,18 @@ def with_model(
     if not any(registry.model_for(event_type, v) for v in registry.versions_of(event_type)):
         raise EventRegistrationError(
             f"handler {key!r} takes a model, but no version of {event_type!r} is "
-            "registered with a pydantic model (register_event(..., schema=Model))"
+            "registered with a pydantic model (register_event(..., schema=Model)); a "
+            "handler that takes (envelope, session) is registered with transactional=True"
         )
 
-    async def deliver(envelope: EventEnvelope) -> Any:
+    async def deliver(envelope: EventEnvelope, *rest: Any) -> Any:
         schema = registry.model_for(envelope.event_type, envelope.event_version)
         if schema is None:
             raise EventHandlerPermanentError(
                 f"{envelope.event_type} v{envelope.event_version} has no pydantic model to "
                 f"give handler {key!r}"
             )
-        return await handler(envelope, schema.parse(envelope.payload))
+        return await handler(envelope, schema.parse(envelope.payload), *rest)
 
     deliver.__qualname__ = getattr(handler, "__qualname__", deliver.__qualname__)
     deliver.__name__ = getattr(handler, "__name__", deliver.__name__)

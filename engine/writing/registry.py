@@ -12,18 +12,23 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, cast
 
+from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncEngine
+
 from engine.errors import (
     EventRegistrationError,
     EventValidationError,
     TenantMismatchError,
     UnknownEventTypeError,
 )
+from engine.handlers.transactional import TransactionalHandler, check_signature
+from engine.storage.database import parse_database_url
 from engine.writing.envelope import EventEnvelope
 from engine.writing.models import ModelSchema, is_model_class, takes_model, with_model
 
 Handler = Callable[[EventEnvelope], Awaitable[Any]]
 # A handler that also takes its event's parsed pydantic model (engine.writing.models).
-ModelHandler = Callable[[EventEnvelope, Any], Awaitable[Any]]
+ModelHandler = Callable[..., Awaitable[Any]]
 AnyHandler = TypeVar("AnyHandler", bound=Callable[..., Awaitable[Any]])
 ReadyHook = Callable[[], Awaitable[None]]
 FieldType = type | tuple[type, ...]
@@ -111,9 +116,13 @@ _CONTEXT_SPEC = EventSchemaSpec(CONTEXT_FIELDS, OPTIONAL_CONTEXT_FIELDS)
 
 @dataclass(frozen=True, slots=True)
 class RegisteredHandler:
+    """A handler under its stable key; a ``transactional`` one takes ``(envelope, session)``
+    (``engine.handlers.transactional``)."""
+
     event_type: str
     key: str
-    handler: Handler
+    handler: Handler | TransactionalHandler
+    transactional: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +178,7 @@ class EventRegistry:
         self._domain_events: dict[type, DomainEventMapping] = {}
         self._ordering: dict[str, Ordering] = {}
         self._ready_hooks: list[ReadyHook] = []
+        self.expected_database: URL | None = None
 
     # -- event types -----------------------------------------------------
     def register_event(
@@ -328,12 +338,20 @@ class EventRegistry:
 
     # -- handlers ---------------------------------------------------------
     def register_handler(
-        self, event_type: str, handler: Handler | ModelHandler, *, key: str
+        self,
+        event_type: str,
+        handler: Handler | TransactionalHandler | ModelHandler,
+        *,
+        key: str,
+        transactional: bool = False,
     ) -> None:
         """Attach ``handler`` to ``event_type`` under a stable ``key``.
 
         The key names the handler in idempotency records, so it must not change
-        between deployments (renaming it makes a replay re-run the handler).
+        between deployments (renaming it makes a replay re-run the handler). With
+        ``transactional=True`` the handler is called as ``handler(envelope, session)``
+        and its writes through ``session`` commit with its run record and the events it
+        publishes (``engine.handlers.transactional``).
         """
         if not key:
             raise EventRegistrationError("a handler needs a stable, non-empty key")
@@ -346,21 +364,33 @@ class EventRegistry:
             raise EventRegistrationError(
                 f"handler key {key!r} is registered twice for {event_type}"
             )
-        delivered: Handler
-        if takes_model(handler):  # handler(envelope, model): give it the parsed model
-            delivered = with_model(self, event_type, key, cast(ModelHandler, handler))
-        else:
-            delivered = cast(Handler, handler)
-        self._handlers[event_type] = (*existing, RegisteredHandler(event_type, key, delivered))
+        if takes_model(handler, transactional):
+            # handler(envelope, model[, session]): it gets its event's parsed model
+            handler = with_model(self, event_type, key, cast(ModelHandler, handler))
+        check_signature(event_type, key, handler, transactional)
+        registered = RegisteredHandler(
+            event_type, key, cast(Handler | TransactionalHandler, handler), transactional
+        )
+        self._handlers[event_type] = (*existing, registered)
 
-    def handler(self, event_type: str, *, key: str) -> Callable[[AnyHandler], AnyHandler]:
+    def handler(
+        self, event_type: str, *, key: str, transactional: bool = False
+    ) -> Callable[[AnyHandler], AnyHandler]:
         """Decorator form of ``register_handler``."""
 
         def decorate(fn: AnyHandler) -> AnyHandler:
-            self.register_handler(event_type, fn, key=key)
+            self.register_handler(event_type, fn, key=key, transactional=transactional)
             return fn
 
         return decorate
+
+    def expect_database(self, database: str | URL | AsyncEngine) -> None:
+        """Declare the database this app's transactional handlers write to (its business
+        tables): a dispatcher on another database refuses to start, since their writes
+        could not commit with the outbox's records."""
+        self.expected_database = parse_database_url(
+            database.url if isinstance(database, AsyncEngine) else database
+        )
 
     # -- start-up -------------------------------------------------------
     def on_ready(self, hook: ReadyHook) -> ReadyHook:

@@ -26,9 +26,9 @@ from engine.context import current_task_context
 from engine.errors import EventValidationError, OutboxTransactionError
 from engine.writing.publisher import (
     _INSERT,
-    _SESSION_CONTEXT,
-    _SESSION_REGISTRY,
+    SESSION_CONTEXT,
     SESSION_EVENTS_WRITTEN,
+    SESSION_REGISTRY,
     OutboxEvent,
     _columns_of,
     outbox_row,
@@ -56,7 +56,7 @@ class SyncOutboxEventPublisher:
         # A Connection's info belongs to its pooled DB-API connection and outlives this
         # transaction: only a Session's is read (and marked).
         if registry is None and isinstance(bind, Session):
-            registry = bind.info.get(_SESSION_REGISTRY)
+            registry = bind.info.get(SESSION_REGISTRY)
         if registry is None:
             raise OutboxTransactionError(
                 "SyncOutboxEventPublisher needs an EventRegistry (pass one, or open the "
@@ -106,7 +106,7 @@ class SyncOutboxEventPublisher:
                 "(SQLite and PostgreSQL only)"
             )
         session = bind if isinstance(bind, Session) else None
-        context = (session.info.get(_SESSION_CONTEXT) if session else None) or (
+        context = (session.info.get(SESSION_CONTEXT) if session else None) or (
             current_task_context()
         )
         rows = [outbox_row(self._registry, self._clock, event, context) for event in events]

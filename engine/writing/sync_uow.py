@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from engine.context import TaskContext, _task_context
 from engine.errors import OutboxTransactionError
-from engine.writing.publisher import _SESSION_CONTEXT, _SESSION_REGISTRY
+from engine.writing.publisher import SESSION_CONTEXT, SESSION_REGISTRY
 from engine.writing.registry import EventRegistry
 from engine.writing.sync_publisher import SyncOutboxEventPublisher
 from engine.writing.uow import domain_event_drafts
@@ -68,8 +68,8 @@ def sync_unit_of_work(
             raise
         return
     session = Session(engine, expire_on_commit=False)
-    session.info[_SESSION_REGISTRY] = registry
-    session.info[_SESSION_CONTEXT] = context
+    session.info[SESSION_REGISTRY] = registry
+    session.info[SESSION_CONTEXT] = context
     unit = _ActiveSyncUnit(engine, session, threading.get_ident())
     unit_token = _active_sync_unit.set(unit)
     context_token = _task_context.set(context) if context is not None else None
