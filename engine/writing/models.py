@@ -131,5 +131,4 @@ def with_model(
     deliver.__qualname__ = getattr(handler, "__qualname__", deliver.__qualname__)
     deliver.__name__ = getattr(handler, "__name__", deliver.__name__)
     deliver.__doc__ = handler.__doc__
-    deliver.__wrapped__ = handler  # type: ignore[attr-defined]
     return deliver

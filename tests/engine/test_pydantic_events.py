@@ -191,3 +191,23 @@ async def test_a_pydantic_domain_event_becomes_its_json(db):
     [stored] = await rows(db)
     assert stored["aggregate_id"] == "o-3"
     assert stored["payload"]["amount"] == 2
+
+
+async def test_a_transactional_handler_gets_the_model_between_envelope_and_session(db, models):
+    """(envelope, model, session): the model is parsed, and the session's writes (here an
+    event it publishes) commit with the handler's record."""
+    models.register_event("invoices.issued", 1)
+
+    @models.handler("orders.placed", key="billing.invoice", transactional=True)
+    async def invoice(envelope: EventEnvelope, order: OrderPlaced, session) -> None:
+        await OutboxEventPublisher(session).publish(
+            "invoices.issued",
+            {"order_id": order.order_id, **envelope.task_context().envelope_fields()},
+            aggregate_type="invoice",
+            aggregate_id=f"i-{order.order_id}",
+        )
+
+    await publish(db, models, {"order_id": "o-5", "amount": 3})
+    assert (await OutboxDispatcher(db, models).dispatch_once()).published == 1
+    issued = [r for r in await rows(db) if r["event_type"] == "invoices.issued"]
+    assert [r["aggregate_id"] for r in issued] == ["i-o-5"]
