@@ -3,10 +3,9 @@
 On PostgreSQL the rows go straight to the session's driver connection as one prepared
 INSERT (asyncpg's statement cache, or psycopg's ``prepare=True``, keeps it prepared per
 connection), in the session's transaction: the publish is on every business
-transaction's path, and SQLAlchemy's statement execution (cache key, compiled-form
-lookup, ORM execute, bind processing, result) was about a quarter of the client CPU it
-adds to a unit of work; the round trip itself is most of the rest (decision 0033 has the
-figures per driver). SQLite keeps the ordinary ``session.execute``.
+transaction's path, and SQLAlchemy's statement execution was a large share of the client
+CPU it adds to a unit of work (see decisions 0011 and 0033). SQLite keeps the ordinary
+``session.execute``.
 """
 
 from __future__ import annotations
