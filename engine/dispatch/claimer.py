@@ -29,7 +29,7 @@ from engine.dispatch import claim_sql
 from engine.dispatch.claim_sql import ClaimShape
 from engine.dispatch.claimed import ClaimedRow
 from engine.storage import psycopg_paths
-from engine.storage.database import as_dbapi_error, is_asyncpg, is_psycopg
+from engine.storage.drivers import as_dbapi_error, is_asyncpg, is_psycopg
 
 # A claimer's keyset floor goes back to 0 at least this often, so rows below it that
 # became due again wait at most this long.

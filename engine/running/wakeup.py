@@ -42,7 +42,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.orm import Session
 
 from engine.settings import DispatcherSettings
-from engine.storage.database import is_psycopg, mask_secrets
+from engine.storage.database import mask_secrets
+from engine.storage.drivers import is_psycopg
 from engine.storage.psycopg_paths import NotificationPump
 from engine.writing.publisher import SESSION_EVENTS_WRITTEN
 

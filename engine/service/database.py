@@ -33,12 +33,12 @@ from engine.storage.database import (
     INIT_DB,
     SQLITE_BUSY_TIMEOUT_SECONDS,
     check_schema,
-    connect_timeout_args,
     create_engine,
     mask_url,
     parse_database_url,
     storage_errors,
 )
+from engine.storage.drivers import connect_timeout_args
 
 Purpose = Literal["command", "console", "dispatcher"]
 # One connect timeout for every purpose: an unreachable server is reported in seconds.

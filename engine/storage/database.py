@@ -13,7 +13,6 @@ to 100 ms.
 from __future__ import annotations
 
 import asyncio
-import math
 import re
 import sqlite3
 import time
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event, text
-from sqlalchemy.engine import URL, Dialect, make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import (
     ArgumentError,
     DBAPIError,
@@ -42,7 +41,11 @@ from engine.errors import (
     StorageError,
 )
 from engine.storage.aiosqlite_connect import OneTripConnection, connect_aiosqlite
+from engine.storage.drivers import as_dbapi_error as as_dbapi_error
 from engine.storage.schema import metadata, outbox_events
+from engine.storage.secrets import mask_secrets as mask_secrets
+from engine.storage.secrets import mask_url as mask_url
+from engine.storage.secrets import raw_at_in_password as raw_at_in_password
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./outbox.db"
 # The program the engine's hints name (``outbox_tui.PROG`` is the same name; a test keeps
@@ -135,76 +138,6 @@ def same_database(a: URL, b: URL) -> bool:
     )
 
 
-def mask_url(url: str | URL) -> str:
-    """The URL with its password (in the credentials or the query) replaced by ``***``.
-
-    A string is masked as written, not parsed: a password with a raw ``@`` (which a
-    parser splits at the first ``@``) is masked up to the last one.
-    """
-    text = (
-        url.render_as_string(hide_password=True)
-        if isinstance(url, URL)
-        else _URL_CREDENTIALS.sub(r"\1***@", url)
-    )
-    return _QUERY_PASSWORD.sub(r"\1***", text)
-
-
-def raw_at_in_password(url: str) -> bool:
-    """Whether the URL's credentials hold more than one ``@``: a password typed with a raw
-    ``@`` (to be written %40), which parsers split differently (part of it would become
-    the host, and show up in errors)."""
-    credentials = _RAW_PASSWORD.search(url)
-    return credentials is not None and "@" in credentials.group(1)
-
-
-# user:password@ of a URL in any text; the password runs to the last @ of its token (no
-# space, quote or angle bracket), so one holding a raw @ is masked whole.
-_URL_CREDENTIALS = re.compile(r"(://[^:/@\s\"'<>]*:)[^\s\"'<>]*@")
-_RAW_PASSWORD = re.compile(r"://[^:/@\s\"'<>]*:([^\s\"'<>]+)@")
-_QUERY_PASSWORD = re.compile(r"([?&](?:password|passwd|pwd|pass)=)[^&\s'\"]*", re.IGNORECASE)
-# A bare password is masked only where no word, dash or dot touches it.
-_EDGE = r"[\w.-]"
-
-
-def mask_secrets(message: str, *urls: str | URL) -> str:
-    """Remove passwords from text: credentials inside any URL, and the passwords of ``urls``.
-
-    A bare password (a driver echoing it) is masked only where it stands as a
-    whole token, in its decoded and its percent-encoded spelling, so a short or
-    common password ("postgres") cannot mangle words like "postgresql".
-    """
-    message = _QUERY_PASSWORD.sub(r"\1***", _URL_CREDENTIALS.sub(r"\1***@", message))
-    for secret in sorted(_password_spellings(urls), key=len, reverse=True):
-        message = re.sub(rf"(?<!{_EDGE}){re.escape(secret)}(?!{_EDGE})", "***", message)
-    return message
-
-
-def _password_spellings(urls: tuple[str | URL, ...]) -> set[str]:
-    spellings: set[str] = set()
-    for url in urls:
-        if isinstance(url, URL):
-            if url.password:
-                spellings.add(str(url.password))
-            continue
-        password = _password_of(url)
-        if password:
-            spellings.add(password)
-        typed = _RAW_PASSWORD.search(url)
-        if typed:
-            spellings.add(typed.group(1))
-        for match in re.finditer(r"[?&](?:password|passwd|pwd|pass)=([^&\s]+)", url, re.I):
-            spellings.add(match.group(1))
-    return spellings
-
-
-def _password_of(url: str) -> str | None:
-    try:
-        password = make_url(url).password
-    except Exception:
-        return None
-    return None if password is None else str(password)
-
-
 def create_engine(url: str | URL, **kwargs: Any) -> AsyncEngine:
     """Create an ``AsyncEngine`` tuned for the outbox on SQLite or PostgreSQL."""
     parsed = parse_database_url(url)
@@ -228,15 +161,6 @@ def create_engine(url: str | URL, **kwargs: Any) -> AsyncEngine:
         raise DatabaseUrlError(
             f"{parsed.drivername} needs {need}, which is not installed ({exc})"
         ) from None
-
-
-def connect_timeout_args(url: URL, seconds: float) -> dict[str, Any]:
-    """``connect_args`` that bound a PostgreSQL connect to ``seconds``, as the URL's
-    driver spells it: asyncpg's ``timeout``, libpq's (psycopg's) whole-second
-    ``connect_timeout``."""
-    if url.drivername == "postgresql+psycopg":
-        return {"connect_timeout": max(1, math.ceil(seconds))}
-    return {"timeout": seconds}
 
 
 def read_only_engine(engine: AsyncEngine) -> AsyncEngine:
@@ -320,17 +244,6 @@ async def begin_promptly(
 
 def is_postgresql(engine: AsyncEngine) -> bool:
     return engine.dialect.name == "postgresql"
-
-
-def is_asyncpg(dialect: Dialect) -> bool:
-    """Whether ``dialect`` talks to PostgreSQL through asyncpg, whose connection the hot
-    paths (the outbox INSERT, the claim, LISTEN) use directly."""
-    return dialect.driver == "asyncpg"
-
-
-def is_psycopg(dialect: Dialect) -> bool:
-    """Whether ``dialect`` is psycopg 3 (async or sync), which has paths of its own."""
-    return dialect.driver in ("psycopg", "psycopg_async")
 
 
 _MISSING_TABLE = re.compile(r"no such table|relation \"?[\w.]+\"? does not exist|UndefinedTable")
@@ -440,35 +353,3 @@ async def check_schema(engine: AsyncEngine) -> None:
             f"the outbox tables are from an earlier version (missing {', '.join(missing)}); "
             f"upgrade them in place with `{INIT_DB}`"
         )
-
-
-async def schema_statements(engine: AsyncEngine) -> list[str]:
-    """The SQL ``create_schema`` would run on this database, without running it (empty
-    when the database is current); see engine.storage.migrations.schema_sql."""
-    from engine.storage.migrations import schema_sql
-
-    async with storage_errors(engine.url), read_only_engine(engine).connect() as conn:
-        statements: list[str] = await conn.run_sync(schema_sql)
-    return statements
-
-
-def as_dbapi_error(dialect: Dialect, sql: str, exc: Exception) -> Exception:
-    """``exc`` from asyncpg or psycopg, called directly, as SQLAlchemy would raise it.
-
-    For the statements the hot paths send straight to the driver (the outbox INSERT,
-    the claim): IntegrityError, ProgrammingError, OperationalError ... as from
-    ``execute``, so callers (and the run loop's storage-error handling) see one kind.
-    Anything the driver's error map does not know (an OSError) is returned as is.
-    """
-    dbapi = dialect.loaded_dbapi
-    if is_psycopg(dialect) and isinstance(exc, dbapi.Error):
-        # psycopg's own errors are the DB-API's: SQLAlchemy wraps them as they are.
-        wrapped: Exception = DBAPIError.instance(sql, None, exc, dbapi.Error, dialect=dialect)
-        return wrapped
-    translate = getattr(dbapi, "_asyncpg_error_translate", {})
-    for kind in type(exc).__mro__:
-        if kind in translate:
-            orig = translate[kind](exc.args[0] if exc.args else str(exc), exc)
-            error: Exception = DBAPIError.instance(sql, None, orig, dbapi.Error, dialect=dialect)
-            return error
-    return exc

@@ -70,7 +70,7 @@ from typing import Any
 
 from sqlalchemy import Connection, create_mock_engine, inspect, text
 from sqlalchemy.engine import URL, Inspector, make_url
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.schema import CreateIndex
 
 from engine.storage.schema import (
@@ -370,3 +370,13 @@ async def upgrade_schema(conn: AsyncConnection) -> list[str]:
     """Apply the steps this database still needs (inside the caller's transaction)."""
     result: Any = await conn.run_sync(_upgrade)
     return list(result)
+
+
+async def schema_statements(engine: AsyncEngine) -> list[str]:
+    """The SQL ``create_schema`` would run on this database, without running it (empty
+    when the database is current); see engine.storage.migrations.schema_sql."""
+    from engine.storage.database import read_only_engine, storage_errors
+
+    async with storage_errors(engine.url), read_only_engine(engine).connect() as conn:
+        statements: list[str] = await conn.run_sync(schema_sql)
+    return statements

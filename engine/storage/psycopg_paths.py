@@ -23,7 +23,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.elements import ClauseElement
 
-from engine.storage.database import as_dbapi_error
+from engine.storage.drivers import as_dbapi_error
 
 _COMPILED: dict[ClauseElement, tuple[str, tuple[str, ...]]] = {}
 

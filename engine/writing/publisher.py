@@ -29,7 +29,7 @@ from engine.clock import utc_now as _utc_now
 from engine.context import TaskContext, _handler_invocation, current_task_context
 from engine.errors import EventValidationError, OutboxTransactionError
 from engine.storage import psycopg_paths
-from engine.storage.database import as_dbapi_error, is_asyncpg, is_psycopg
+from engine.storage.drivers import as_dbapi_error, is_asyncpg, is_psycopg
 from engine.storage.schema import outbox_events
 from engine.writing.models import payload_of
 from engine.writing.registry import EventRegistry, check_ordering_key

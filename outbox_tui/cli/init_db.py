@@ -7,8 +7,8 @@ from typing import Any
 from engine.errors import SchemaMissingError, SchemaOutdatedError
 from engine.service import open_database
 from engine.service.database import require_database_file, sqlite_path
-from engine.storage.database import check_schema, create_schema, schema_statements
-from engine.storage.migrations import new_schema_sql
+from engine.storage.database import check_schema, create_schema
+from engine.storage.migrations import new_schema_sql, schema_statements
 from outbox_tui import PROG
 from outbox_tui.cli.errors import EXIT_FAILURE, EXIT_OK
 from outbox_tui.cli.options import Invocation, add_json, subparser

@@ -10,7 +10,8 @@ from sqlalchemy.engine import make_url
 
 from engine import DatabaseUrlError, OutboxEventPublisher, create_engine, unit_of_work
 from engine.dispatch.claimer import Claimer
-from engine.storage.database import connect_timeout_args, parse_database_url
+from engine.storage.database import parse_database_url
+from engine.storage.drivers import connect_timeout_args
 
 from .conftest import CTX
 
