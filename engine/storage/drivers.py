@@ -1,7 +1,7 @@
 """What differs between the PostgreSQL drivers: asyncpg and psycopg 3.
 
 The hot paths (the outbox INSERT, the claim, LISTEN) use the driver connection itself
-(decisions 0011, 0033), so they ask which driver it is; a connect timeout is spelt per
+(decisions 0011, 0035), so they ask which driver it is; a connect timeout is spelt per
 driver; and an error a driver raised directly is turned into what SQLAlchemy would have
 raised.
 """

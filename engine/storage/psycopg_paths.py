@@ -6,7 +6,7 @@ they do the same with psycopg's own calls, in the transaction SQLAlchemy runs on
 connection: a psycopg connection that is not in autocommit mode opens one at its first
 statement and SQLAlchemy commits or rolls it back. The claim's rows keep their payload as
 the JSON text stored (psycopg would decode ``jsonb`` itself): the dispatcher decodes it
-strictly and the relay sends it as is. See decision 0033.
+strictly and the relay sends it as is. See decision 0035.
 
 psycopg is imported only here and only when a psycopg connection is used: it is an
 optional dependency (``pip install 'outbox-tui[psycopg]'``).

@@ -4,7 +4,7 @@ On PostgreSQL the rows go straight to the session's driver connection as one pre
 INSERT (asyncpg's statement cache, or psycopg's ``prepare=True``, keeps it prepared per
 connection), in the session's transaction: the publish is on every business
 transaction's path, and SQLAlchemy's statement execution was a large share of the client
-CPU it adds to a unit of work (see decisions 0011 and 0033). SQLite keeps the ordinary
+CPU it adds to a unit of work (see decisions 0011 and 0035). SQLite keeps the ordinary
 ``session.execute``.
 """
 
