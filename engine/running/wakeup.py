@@ -42,9 +42,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.orm import Session
 
 from engine.settings import DispatcherSettings
-from engine.storage.database import mask_secrets
 from engine.storage.drivers import is_psycopg
 from engine.storage.psycopg_paths import NotificationPump
+from engine.storage.secrets import mask_secrets
 from engine.writing.publisher import SESSION_EVENTS_WRITTEN
 
 DEFAULT_CHANNEL = "outbox_events"

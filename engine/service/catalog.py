@@ -21,10 +21,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from engine.writing.models import ModelSchema
-from engine.writing.registry import (
+from engine.writing.registry import EventRegistry
+from engine.writing.schema_spec import (
     CONTEXT_FIELDS,
     OPTIONAL_CONTEXT_FIELDS,
-    EventRegistry,
     EventSchemaSpec,
     FieldType,
 )

@@ -34,11 +34,11 @@ from engine.storage.database import (
     SQLITE_BUSY_TIMEOUT_SECONDS,
     check_schema,
     create_engine,
-    mask_url,
     parse_database_url,
     storage_errors,
 )
 from engine.storage.drivers import connect_timeout_args
+from engine.storage.secrets import mask_url
 
 Purpose = Literal["command", "console", "dispatcher"]
 # One connect timeout for every purpose: an unreachable server is reported in seconds.

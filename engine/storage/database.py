@@ -41,11 +41,8 @@ from engine.errors import (
     StorageError,
 )
 from engine.storage.aiosqlite_connect import OneTripConnection, connect_aiosqlite
-from engine.storage.drivers import as_dbapi_error as as_dbapi_error
 from engine.storage.schema import metadata, outbox_events
-from engine.storage.secrets import mask_secrets as mask_secrets
-from engine.storage.secrets import mask_url as mask_url
-from engine.storage.secrets import raw_at_in_password as raw_at_in_password
+from engine.storage.secrets import mask_secrets, mask_url, raw_at_in_password
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./outbox.db"
 # The program the engine's hints name (``outbox_tui.PROG`` is the same name; a test keeps

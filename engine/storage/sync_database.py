@@ -17,7 +17,8 @@ from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.exc import ArgumentError
 
 from engine.errors import DatabaseUrlError
-from engine.storage.database import SQLITE_BUSY_TIMEOUT_SECONDS, _in_memory, mask_url
+from engine.storage.database import SQLITE_BUSY_TIMEOUT_SECONDS, _in_memory
+from engine.storage.secrets import mask_url
 
 SYNC_DRIVERS = ("sqlite+pysqlite", "postgresql+psycopg", "postgresql+psycopg2")
 _ALIASES = {"sqlite": "sqlite+pysqlite", "postgresql": "postgresql+psycopg2"}

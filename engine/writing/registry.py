@@ -25,10 +25,7 @@ from engine.handlers.transactional import TransactionalHandler, check_signature
 from engine.storage.database import parse_database_url
 from engine.writing.envelope import EventEnvelope
 from engine.writing.models import ModelSchema, is_model_class, takes_model, with_model
-from engine.writing.schema_spec import CONTEXT_FIELDS as CONTEXT_FIELDS
-from engine.writing.schema_spec import OPTIONAL_CONTEXT_FIELDS as OPTIONAL_CONTEXT_FIELDS
-from engine.writing.schema_spec import EventSchemaSpec as EventSchemaSpec
-from engine.writing.schema_spec import FieldType as FieldType
+from engine.writing.schema_spec import CONTEXT_FIELDS, OPTIONAL_CONTEXT_FIELDS, EventSchemaSpec
 
 Handler = Callable[[EventEnvelope], Awaitable[Any]]
 # A handler that also takes its event's parsed pydantic model (engine.writing.models).

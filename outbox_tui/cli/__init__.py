@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from types import ModuleType
 
 from engine.service import load_registry
-from engine.storage.database import mask_secrets
+from engine.storage.secrets import mask_secrets
 from outbox_tui import PROG, __version__
 from outbox_tui.cli import catalog, console, dead_letter, dispatch, event, init_db, pause, stats
 from outbox_tui.cli.errors import EXIT_USAGE, UsageError, run_guarded

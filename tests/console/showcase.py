@@ -33,11 +33,11 @@ from engine.dispatch.claimer import Claimer
 from engine.operating.insights import EventSummary
 from engine.operating.pauses import pause
 from engine.running.heartbeat import Heartbeat
+from engine.service import load_registry
 from engine.settings import DispatcherSettings
 from engine.storage.schema import DEAD_LETTER, outbox_events
 from engine.writing.registry import EventRegistry
 from outbox_tui.app import ConsoleConfig, OutboxConsole, make_app
-from outbox_tui.apps import load_registry
 from outbox_tui.examples.orders import create_tables
 from outbox_tui.examples.orders.traffic import generate_orders
 from outbox_tui.screens.confirm import ConfirmModal
