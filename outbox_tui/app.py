@@ -19,7 +19,7 @@ from engine.operating.insights import OutboxInsights
 from engine.operating.replay import default_operator
 from engine.service import DispatchSpec, insights_for, load_registry, open_engine
 from engine.settings import DEFAULT_EXCHANGE, ConsoleSettings, DispatcherSettings, OutboxSettings
-from engine.storage.database import mask_url
+from engine.storage.secrets import mask_url
 from engine.writing.registry import EventRegistry
 from outbox_tui import PROG
 from outbox_tui.actions import bindings

@@ -7,8 +7,9 @@ SQLite's write lock and for pool connections, and a crash cut off the whole queu
 each call queues its record at once and awaits that record's commit; one writer commits
 everything that arrived while its previous commit ran, as one transaction: on SQLite a
 thread of its own (engine.storage.sqlite_batches), so no commit waits for the event
-loop's next turn; on PostgreSQL a task sending one pipelined, atomic ``executemany`` on a
-connection it keeps while records keep coming. See decision 0036.
+loop's next turn; on PostgreSQL a task on a connection it keeps while records keep
+coming, sending a batch as one pipelined, atomic ``executemany`` on asyncpg (one
+transaction through SQLAlchemy on psycopg). See decision 0036.
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ from typing import Any
 
 from sqlalchemy.engine import Dialect
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.dml import Insert
 
-from engine.storage.database import SQLITE_BUSY_TIMEOUT_SECONDS, as_dbapi_error
+from engine.storage.database import SQLITE_BUSY_TIMEOUT_SECONDS
+from engine.storage.drivers import as_dbapi_error, is_asyncpg
 from engine.storage.sqlite_batches import SqliteBatchWriter
 
 # How long a record waits for SQLite's write lock before its call fails: as long as any
@@ -91,26 +93,33 @@ class RecordWriter:
         columns: Sequence[str],
     ) -> None:
         self._engine = engine
-        self._compiled = DriverStatement.compile(statement(engine.dialect), engine.dialect, columns)
+        dialect = engine.dialect
+        self._statement = statement(dialect)
+        # The driver's own path where the engine has one (SQLite's thread, asyncpg).
+        self._compiled = (
+            DriverStatement.compile(self._statement, dialect, columns)
+            if dialect.name == "sqlite" or is_asyncpg(dialect)
+            else None
+        )
         self._waiting: list[Waiting] = []
         self._task: asyncio.Task[None] | None = None
         self._arrived = asyncio.Event()
         self._thread: SqliteBatchWriter | None = None
-        if engine.dialect.name == "sqlite":
-            args, kwargs = engine.dialect.create_connect_args(engine.url)
+        if self._compiled is not None and dialect.name == "sqlite":
+            args, kwargs = dialect.create_connect_args(engine.url)
             kwargs = {**kwargs, "isolation_level": None, "check_same_thread": True}
             self._thread = SqliteBatchWriter(
                 functools.partial(sqlite3.connect, *args, **kwargs),
                 self._compiled.sql,
                 lock_wait_seconds=LOCK_WAIT_SECONDS,
-                translate=functools.partial(_as_dbapi_error, engine.dialect, self._compiled.sql),
+                translate=functools.partial(_as_dbapi_error, dialect, self._compiled.sql),
             )
 
     def submit(self, record: Record) -> asyncio.Future[None]:
         """Queue ``record`` for the next commit, at once (no await between a call's return
         and its record joining the queue); the future is done once it is committed."""
         done = asyncio.get_running_loop().create_future()
-        if self._thread is not None:
+        if self._thread is not None and self._compiled is not None:
             try:
                 row = self._compiled.parameters(record)
             except Exception as exc:
@@ -131,10 +140,10 @@ class RecordWriter:
             while self._waiting:
                 async with self._engine.connect() as conn:
                     raw = await conn.get_raw_connection()
-                    driver, dialect = raw.driver_connection, conn.dialect
+                    driver = raw.driver_connection
                     while self._waiting or await self._more_within(KEEP_CONNECTION_SECONDS):
                         batch, self._waiting = self._waiting, []
-                        await self._commit(driver, dialect, self._compiled, batch)
+                        await self._commit(conn, driver, batch)
                         if _lost(driver):  # the server went away: the pool must not reuse it
                             await conn.invalidate()
                             break
@@ -158,27 +167,31 @@ class RecordWriter:
             return bool(self._waiting)
         return True
 
-    async def _commit(
-        self, driver: Any, dialect: Dialect, stmt: DriverStatement, batch: list[Waiting]
-    ) -> None:
-        rows, sent = [], []
+    async def _commit(self, conn: AsyncConnection, driver: Any, batch: list[Waiting]) -> None:
+        compiled = self._compiled
+        rows: list[tuple[Any, ...]] = []
+        sent: list[Waiting] = []
         for record, done in batch:
-            try:
-                rows.append(stmt.parameters(record))
-            except Exception as exc:
-                _settle([(record, done)], exc)
-                continue
+            if compiled is not None:
+                try:
+                    rows.append(compiled.parameters(record))
+                except Exception as exc:
+                    _settle([(record, done)], exc)
+                    continue
             sent.append((record, done))
-        if not rows:
+        if not sent:
             return
         try:
-            await _write(driver, dialect, stmt.sql, rows)
+            if compiled is not None:
+                await _write(driver, conn.dialect, compiled.sql, rows)
+            else:  # a driver without a path of its own (psycopg): SQLAlchemy's execute
+                await _execute(conn, self._statement, [record for record, _done in sent])
         except Exception as exc:
-            if len(sent) == 1 or not isinstance(exc, DBAPIError):
+            if len(sent) == 1 or _lost(driver):
                 _settle(sent, exc)
                 return
             for one in sent:  # find the record the database refuses; write the others
-                await self._commit(driver, dialect, stmt, [one])
+                await self._commit(conn, driver, [one])
             return
         _settle(sent, None)
 
@@ -191,6 +204,12 @@ async def _write(driver: Any, dialect: Dialect, sql: str, rows: list[tuple[Any, 
         raise as_dbapi_error(dialect, sql, exc) from exc
 
 
+async def _execute(conn: AsyncConnection, stmt: Insert, records: list[Record]) -> None:
+    """One transaction through SQLAlchemy, for a driver without a path of its own."""
+    async with conn.begin():
+        await conn.execute(stmt, records)
+
+
 def _as_dbapi_error(dialect: Dialect, sql: str, exc: Exception) -> BaseException:
     """A sqlite3 error as SQLAlchemy raises it from ``execute``."""
     if isinstance(exc, sqlite3.Error):
@@ -199,9 +218,12 @@ def _as_dbapi_error(dialect: Dialect, sql: str, exc: Exception) -> BaseException
 
 
 def _lost(driver: Any) -> bool:
-    """Whether an asyncpg connection has closed (a SQLite connection does not say so)."""
+    """Whether the driver's connection has closed: asyncpg's ``is_closed()``, psycopg's
+    ``closed``."""
     is_closed = getattr(driver, "is_closed", None)
-    return bool(is_closed()) if callable(is_closed) else False
+    if callable(is_closed):
+        return bool(is_closed())
+    return getattr(driver, "closed", False) is True
 
 
 def _settle(batch: Sequence[Waiting], error: BaseException | None) -> None:

@@ -44,7 +44,8 @@ from engine.running.metrics import OutboxMetrics
 from engine.running.summary import RunSummary
 from engine.running.wakeup import WakeupListener
 from engine.settings import DispatcherSettings
-from engine.storage.database import mask_secrets, translate_storage_error
+from engine.storage.database import translate_storage_error
+from engine.storage.secrets import mask_secrets
 
 log = logging.getLogger("engine.runner")
 

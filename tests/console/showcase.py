@@ -33,11 +33,11 @@ from engine.dispatch.claimer import Claimer
 from engine.operating.insights import EventSummary
 from engine.operating.pauses import pause
 from engine.running.heartbeat import Heartbeat
+from engine.service import load_registry
 from engine.settings import DispatcherSettings
 from engine.storage.schema import DEAD_LETTER, outbox_events
 from engine.writing.registry import EventRegistry
 from outbox_tui.app import ConsoleConfig, OutboxConsole, make_app
-from outbox_tui.apps import load_registry
 from outbox_tui.examples.orders import create_tables
 from outbox_tui.examples.orders.traffic import generate_orders
 from outbox_tui.screens.confirm import ConfirmModal
@@ -425,6 +425,16 @@ async def scene_confirm_replay_dedup(pilot: Pilot[object], clock: FixedClock) ->
     await _wait(pilot, lambda: isinstance(app.screen, ConfirmModal), "the dialog")
 
 
+async def scene_catalog(pilot: Pilot[object], clock: FixedClock) -> None:
+    """The event catalog (c), with the second type's schemas under the table."""
+    from outbox_tui.screens.catalog import CatalogScreen
+
+    app = await _first_refresh(pilot)
+    await pilot.press("c")
+    await _wait(pilot, lambda: isinstance(app.screen, CatalogScreen), "the catalog")
+    await pilot.press("down")
+
+
 SCENES: dict[str, Callable[[Pilot[object], FixedClock], Awaitable[None]]] = {
     "overview": scene_overview,
     "overview-paused": scene_overview_paused,
@@ -440,6 +450,7 @@ SCENES: dict[str, Callable[[Pilot[object], FixedClock], Awaitable[None]]] = {
     "error-groups": scene_error_groups,
     "confirm-pause": scene_confirm_pause,
     "confirm-replay-dedup": scene_confirm_replay_dedup,
+    "catalog": scene_catalog,
 }
 # The sizes operators have (80x24), the one the screenshots use, and a big terminal.
 SIZES = {"80x24": (80, 24), "160x45": SIZE, "160x48": (160, 48)}

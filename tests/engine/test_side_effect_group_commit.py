@@ -33,6 +33,8 @@ from engine.handlers.record_writer import RecordWriter
 from engine.storage.schema import side_effects
 from engine.storage.sqlite_batches import SqliteBatchWriter
 
+pytestmark = pytest.mark.all_drivers  # asyncpg has a path of its own, psycopg SQLAlchemy's
+
 
 def _key(n: int, effect: str = "charge") -> SideEffectKey:
     return SideEffectKey("acme", "user-1", f"event-{n}", "orders.charge", effect)
@@ -57,10 +59,12 @@ class Commits:
 
 @pytest.fixture
 def commits(monkeypatch: pytest.MonkeyPatch) -> Commits:
-    """Counts the writer's transactions: its task's on PostgreSQL, its thread's on SQLite."""
+    """Counts the writer's transactions: its task's on PostgreSQL (asyncpg's path or
+    SQLAlchemy's), its thread's on SQLite."""
     seen = Commits()
     seen.release.set()
     write = record_writer._write
+    execute = record_writer._execute
     write_on_thread = SqliteBatchWriter._write
 
     async def counted(driver: Any, dialect: Any, sql: str, rows: list[Any]) -> None:
@@ -68,12 +72,18 @@ def commits(monkeypatch: pytest.MonkeyPatch) -> Commits:
         await asyncio.to_thread(seen.release.wait, 10)
         await write(driver, dialect, sql, rows)
 
+    async def counted_execute(conn: Any, stmt: Any, records: list[Any]) -> None:
+        seen.count(records)
+        await asyncio.to_thread(seen.release.wait, 10)
+        await execute(conn, stmt, records)
+
     def counted_on_thread(self: SqliteBatchWriter, connection: Any, rows: list[Any]) -> None:
         seen.count(rows)
         seen.release.wait(10)
         write_on_thread(self, connection, rows)
 
     monkeypatch.setattr(record_writer, "_write", counted)
+    monkeypatch.setattr(record_writer, "_execute", counted_execute)
     monkeypatch.setattr(SqliteBatchWriter, "_write", counted_on_thread)
     return seen
 
