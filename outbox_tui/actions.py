@@ -232,7 +232,14 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         footer=5,
         binding_id="stop-dispatch",
     ),
-    A(None, None, ACT, "in a confirmation: proceed / cancel (escape cancels too)", display="y / n"),
+    A(
+        None,
+        None,
+        ACT,
+        "in a confirmation: type the reason, enter moves to the buttons; there y proceeds, "
+        "n cancels (escape cancels anywhere)",
+        display="y / n",
+    ),
     A("refresh_now", "ctrl+r", CONSOLE, "refresh now", "Refresh now", label="Refresh"),
     A(None, None, CONSOLE, "command palette: every action by name", display="ctrl+p"),
     A(

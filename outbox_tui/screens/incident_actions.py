@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from outbox_tui.app import OutboxConsole
 
 WARNING_STYLE = "bold #ffaf5f"
+PAUSE_NEEDS_A_REASON = "a pause needs a reason. Type it, then enter."
 
 
 async def dedup_line(console: OutboxConsole, ids: Sequence[str]) -> str | None:
@@ -155,6 +156,7 @@ class IncidentActions(ConsoleScreen):
                 ask_reason=True,
                 reason_placeholder="why (kept in the pause audit log)",
                 reason_label="Reason (optional)" if resuming else "Reason (required)",
+                reason_needed=None if resuming else PAUSE_NEEDS_A_REASON,
             ),
             lambda decision: self._pause_decided(decision, message),
         )
@@ -162,13 +164,6 @@ class IncidentActions(ConsoleScreen):
     def _pause_decided(self, decision: Confirmation | None, message: PausePrepared) -> None:
         if decision is None:
             self.say("Nothing changed.", timeout=3)
-            return
-        if message.held is None and decision.reason is None:
-            self.say(
-                "A pause needs a reason: the next operator needs to know why.",
-                title="Not paused",
-                severity="warning",
-            )
             return
         self._pause(message, decision.reason)
 
