@@ -240,7 +240,8 @@ async def _first_refresh(pilot: Pilot[object]) -> OutboxConsole:
 
 
 async def warm_up(pilot: Pilot[object], clock: FixedClock, refreshes: int = 20) -> None:
-    """Refresh while a fixed-clock dispatcher works, a second apart: a real sparkline.
+    """Refresh while a fixed-clock dispatcher works, 1.5 s apart: a real sparkline, and
+    (from 20 refreshes) a trend window long enough for a verdict.
 
     A last refresh five seconds later finds the row ``orders-worker-2`` holds with an
     expired lease (claimed eight seconds before NOW for thirty).
@@ -258,7 +259,7 @@ async def warm_up(pilot: Pilot[object], clock: FixedClock, refreshes: int = 20) 
     pattern = (1, 0, 2, 1, 0, 1, 3, 1, 0, 2, 1, 1, 0, 2, 1, 0, 1, 2, 1, 1)
     try:
         for index in range(refreshes):
-            clock.advance(1)
+            clock.advance(1.5)
             for _ in range(pattern[index % len(pattern)]):
                 await worker.dispatch_once()
             await _refreshed(pilot)
