@@ -16,6 +16,7 @@ from engine.dispatch.dispatcher import DispatchResult, OutboxDispatcher
 from engine.errors import (
     BrokerUnavailableError,
     ConfigurationError,
+    DatabaseAuthenticationError,
     DatabaseUnavailableError,
     DatabaseUrlError,
     DomainEventError,
@@ -67,6 +68,7 @@ __all__ = [
     "BlockedKey",
     "BrokerUnavailableError",
     "ConfigurationError",
+    "DatabaseAuthenticationError",
     "DatabaseUnavailableError",
     "DatabaseUrlError",
     "DispatchResult",
