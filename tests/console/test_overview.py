@@ -3,6 +3,7 @@ the types with the most undelivered events (issue 12, parts 2, 4 and 5)."""
 
 from __future__ import annotations
 
+import html
 import re
 from datetime import UTC, datetime, timedelta
 
@@ -278,3 +279,27 @@ async def test_top_types_lead_with_the_type_with_most_undelivered_events(
             "the one-line top types",
         )
         assert _text(line).startswith(f"top types  {first.event_type} {first.undelivered}")
+
+
+@pytest.mark.parametrize("size", [(160, 48), (80, 24)])
+async def test_the_two_dead_figures_cannot_be_read_as_one_count(
+    sqlite_seeded, orders_registry, size
+):
+    """Issue 43: the dispatcher row's ``dead 9`` (what it dead-lettered since it started)
+    stood beside the tile's ``10`` (dead letters now) under the same word."""
+    app = console(sqlite_seeded, orders_registry)
+    async with app.run_test(size=size) as pilot:
+        await started(pilot)
+        await pilot.press("s")  # the console's own dispatcher: a heartbeat with totals
+        for _ in range(50):
+            await refreshed(pilot)
+            if app.main.last_snapshot.heartbeats:
+                break
+            await pilot.pause(0.1)
+        assert app.main.last_snapshot.heartbeats
+        svg = html.unescape(app.export_screenshot()).replace("\xa0", " ")
+        screen = re.sub(r"<[^>]+>", "", svg)
+        assert "totals since each started" in screen
+        assert "dead now" in screen or "dead letters now" in screen
+        if size[0] >= 110:  # the wide dispatcher table
+            assert "dead-lettered" in screen
