@@ -33,11 +33,13 @@ if TYPE_CHECKING:
     from outbox_tui.app import OutboxConsole
 
 WARNING_STYLE = "bold #ffaf5f"
+SAFE_STYLE = "#87d787"
 PAUSE_NEEDS_A_REASON = "a pause needs a reason. Type it, then enter."
 
 
-async def dedup_line(console: OutboxConsole, ids: Sequence[str]) -> str | None:
-    """The dedup-window warning for a replay of ``ids``, or None when it is safe.
+async def dedup_line(console: OutboxConsole, ids: Sequence[str]) -> Text:
+    """The dedup-window line for a replay of ``ids``: the warning when some are older
+    than the window, else one short line that says the replay is safe for it.
 
     The window is the configured one, and "now" is the console's clock.
     """
@@ -47,14 +49,17 @@ async def dedup_line(console: OutboxConsole, ids: Sequence[str]) -> str | None:
         window_seconds=console.config.dedup_window_seconds,
         now=console.clock(),
     )
-    return check.warning()
+    warning = check.warning()
+    if warning is not None:
+        return Text("⚠ " + warning, style=WARNING_STYLE)
+    return Text("✓ " + (check.assurance() or ""), style=SAFE_STYLE)
 
 
-def with_warning(body: Text, warning: str | None) -> Text:
-    """A replay dialog's body with the dedup-window warning under it, when there is one."""
-    if warning is None:
+def with_warning(body: Text, line: Text | None) -> Text:
+    """A replay dialog's body with its dedup-window line under it, when there is one."""
+    if line is None:
         return body
-    return Text.assemble(body, "\n\n", ("⚠ " + warning, WARNING_STYLE))
+    return Text.assemble(body, "\n\n", line)
 
 
 @dataclass
