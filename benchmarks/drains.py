@@ -20,8 +20,9 @@ from typing import Any
 from sqlalchemy.engine import make_url
 
 from benchmarks import peer_amqp, peer_pgqueuer, support, usage
+from benchmarks.bench_app import EFFECTS_TABLE
 from benchmarks.support import Context, Fleet, WorkerFailed
-from engine.dispatch import store
+from engine.dispatch import claim_sql, fenced_writes
 
 OURS_APP = "benchmarks.bench_app"
 
@@ -83,11 +84,14 @@ def ours_argv(
     return argv
 
 
-def ours_env(ctx: Context, fleet: Fleet, *, sleep_ms: float = 0.0) -> dict[str, str]:
+def ours_env(
+    ctx: Context, fleet: Fleet, *, sleep_ms: float = 0.0, write: str = ""
+) -> dict[str, str]:
     return fleet.env(
         {
             "OUTBOX_DATABASE_URL": ctx.url,
             "OUTBOX_BENCH_SLEEP_MS": str(sleep_ms),
+            "OUTBOX_BENCH_WRITE": write,
             "OUTBOX_LOG_LEVEL": "WARNING",
         }
     )
@@ -117,11 +121,16 @@ async def ours(
     ordering_key: Callable[[int], str] | None = None,
     cap: float | None = None,
     label: str = "ours",
+    write: str = "",
 ) -> dict[str, Any]:
-    """``processes`` × ``outbox-tui --dispatch`` draining ``events`` preloaded events."""
+    """``processes`` × ``outbox-tui --dispatch`` draining ``events`` preloaded events;
+    ``write``: the handler's business row (benchmarks/bench_app.py)."""
     await load_outbox(ctx, events, ordering_key)
+    if write:
+        await ctx.conn.execute(EFFECTS_TABLE)
+        await ctx.conn.execute("TRUNCATE bench_effects")
     fleet = new_fleet(ctx)
-    env = ours_env(ctx, fleet, sleep_ms=sleep_ms)
+    env = ours_env(ctx, fleet, sleep_ms=sleep_ms, write=write)
     for _ in range(processes):
         fleet.start(ours_argv(ctx, concurrency=concurrency), env)
     run = await _timed(
@@ -136,6 +145,11 @@ async def ours(
     run["processes"] = processes
     if concurrency and ctx.max_concurrency_flag:
         run["max_concurrency"] = concurrency
+    if write:
+        rows = await ctx.conn.fetchval("SELECT count(*) FROM bench_effects")
+        if rows != events:
+            raise WorkerFailed(f"{label}: {rows:,} business rows for {events:,} events")
+        run["business_rows"] = rows
     return run
 
 
@@ -185,9 +199,9 @@ def pgbench_binary() -> str | None:
 
 
 def floor_script(batch: int, *, order_by: str, unordered_only: bool) -> str:
-    """engine.dispatch.store's claim and completion, as pgbench runs them (one commit each).
+    """engine.dispatch's claim and fenced completion, as pgbench runs them (one commit each).
 
-    The claim is ``claim_batch`` for PostgreSQL (an abandoned row first, else up to
+    The claim is ``Claimer.claim`` for PostgreSQL (an abandoned row first, else up to
     ``batch`` due rows, ``FOR UPDATE SKIP LOCKED``, the update finding them by address,
     the columns it returns). pgbench keeps one row of a result, so the claimed rows come
     back aggregated: their ids and versions as the strings the completion takes, as
@@ -209,7 +223,7 @@ def floor_script(batch: int, *, order_by: str, unordered_only: bool) -> str:
         else ""
     )
     complete = (
-        store._PUBLISH_PG.element.text.replace(":now", "now()")
+        fenced_writes._PUBLISH_PG.element.text.replace(":now", "now()")
         .replace(":dispatcher_id", holder)
         .replace(":ids", ":claimed_ids")
         .replace(":versions", ":claimed_versions")
@@ -231,7 +245,7 @@ def floor_script(batch: int, *, order_by: str, unordered_only: bool) -> str:
     attempt_count = attempt_count + 1, locked_by = {holder},
     locked_until = now() + interval '30 seconds'
   WHERE ctid = ANY(ARRAY(SELECT ref FROM abandoned UNION ALL SELECT ref FROM waiting))
-  RETURNING {", ".join(store.CLAIM_RETURNS)}, payload
+  RETURNING {", ".join(claim_sql.CLAIM_RETURNS)}, payload
 )
 SELECT coalesce(chr(31) || string_agg(id, chr(31)), '') AS claimed_ids,
   coalesce(string_agg(claim_version::text, ','), '') AS claimed_versions,

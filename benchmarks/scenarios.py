@@ -71,6 +71,7 @@ class Sizes:
     sqlite_repeats: int = 5
     console: tuple[int, int] | None = None  # (100_000, 1_000_000) with --large
     console_watch_seconds: float = 5.0
+    effects: int = 20_000  # l and m: one business row per event, a commit per event
 
 
 def record(sid: str, title: str, **fields: Any) -> dict[str, Any]:
@@ -457,7 +458,7 @@ async def sqlite_floor(ctx: Context, sizes: Sizes) -> dict[str, Any]:
         f"j. drain {n:,} on SQLite: ours / SQL floor (same claim + complete by hand, 1 process)",
         unit="events/s",
         ours=side(f"outbox-tui --dispatch ×1, batch {ctx.batch_size}", runs["ours"]),
-        peer=side("claim_batch + mark_published loop, ×1", runs["floor"]),
+        peer=side("Claimer.claim + mark_published loop, ×1", runs["floor"]),
         target=">= 0.8",
         met=met(result["ratio"], ">= 0.8"),
         **result,
@@ -569,4 +570,61 @@ async def console_rows(ctx: Context, sizes: Sizes) -> dict[str, Any]:
         rss_ratio=rss,
         target=CONSOLE_TARGET,
         met=refresh < 100 and stall < 50 and rss <= 1.2,
+    )
+
+
+# -- l + m: exactly-once effects ------------------------------------------------------------
+
+EFFECTS_TARGET = ">= 0.9"
+
+
+async def effects(ctx: Context, sizes: Sizes) -> dict[str, Any]:
+    """l: what exactly-once costs on PostgreSQL: the handler's row written in the
+    dispatcher's transaction (with the event's completion in the same commit) against the
+    same row committed by the handler itself (then the batch's completion)."""
+    n = sizes.effects
+    runs = await alternate(
+        sizes.repeats,
+        [
+            ("ours", lambda: drains.ours(ctx, n, write="transactional", label="transactional")),
+            ("other", lambda: drains.ours(ctx, n, write="plain", label="plain")),
+        ],
+    )
+    result = ratio(runs["ours"], runs["other"])
+    return record(
+        "l",
+        f"l. drain {n:,}, each event writes one row: transactional handler / plain handler "
+        "committing its own session",
+        unit="events/s",
+        ours=side(
+            f"outbox-tui --dispatch ×2, transactional=True, batch {ctx.batch_size}", runs["ours"]
+        ),
+        peer=side("the same, the handler commits its own session", runs["other"]),
+        target=EFFECTS_TARGET,
+        met=met(result["ratio"], EFFECTS_TARGET),
+        **result,
+    )
+
+
+async def sqlite_effects(ctx: Context, sizes: Sizes) -> dict[str, Any]:
+    """m: l on SQLite, one dispatcher (reported: its handlers take the write lock in turn
+    either way)."""
+    n = sizes.effects
+    runs = await alternate(
+        sizes.repeats,
+        [
+            ("ours", lambda: sqlite_drain.ours(ctx, n, write="transactional")),
+            ("other", lambda: sqlite_drain.ours(ctx, n, write="plain")),
+        ],
+    )
+    result = ratio(runs["ours"], runs["other"])
+    return record(
+        "m",
+        f"m. the same on SQLite ({n:,} events, 1 process): transactional / plain",
+        unit="events/s",
+        ours=side(
+            f"outbox-tui --dispatch ×1, transactional=True, batch {ctx.batch_size}", runs["ours"]
+        ),
+        peer=side("the same, the handler commits its own session", runs["other"]),
+        **result,
     )

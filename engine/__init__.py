@@ -11,8 +11,8 @@ every error class, all under ``OutboxError``.
 """
 
 from engine.context import TaskContext, current_task_context
+from engine.dispatch import DispatchResult, OutboxDispatcher
 from engine.dispatch.backoff import BackoffPolicy
-from engine.dispatch.dispatcher import DispatchResult, OutboxDispatcher
 from engine.errors import (
     BrokerUnavailableError,
     ConfigurationError,

@@ -8,7 +8,7 @@ both the variable and the flag, e.g.
 ``OUTBOX_DISPATCHER__BATCH_SIZE / --batch-size must be an integer between 1 and
 1000, got 0`` (only the variable when the command has no such flag).
 
-Why one module (about 500 lines): the models, the loading and the error wording
+Why one module: the models, the loading and the error wording
 are one contract read from the same field metadata. Each field's bounds,
 description and flag make the CLI's options (``outbox_tui.cli.options``), the
 ``--help`` text and the one-line error; split, a field added in one module would
@@ -43,7 +43,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
-from engine.dispatch.dispatcher import DEFAULT_MAX_CONCURRENCY, MAX_BATCH_SIZE
+from engine.dispatch import CONCURRENCY_PER_BATCH, MAX_BATCH_SIZE
 from engine.errors import ConfigurationError, DatabaseUrlError
 from engine.operating.replay import DEFAULT_DEDUP_WINDOW
 from engine.storage.database import DEFAULT_DATABASE_URL, mask_secrets, parse_database_url
@@ -66,14 +66,14 @@ class DispatcherSettings(BaseModel):
         int, Field(ge=1, le=MAX_BATCH_SIZE, description="events claimed per round (default 100)")
     ] = 100
     max_concurrency: Annotated[
-        int,
+        int | None,
         Field(
             ge=1,
             le=10_000,
-            description="events of a batch delivered at once (default 200); handlers that "
-            "await I/O overlap",
+            description=f"events delivered at once (default {CONCURRENCY_PER_BATCH} x the "
+            "batch size); handlers that await I/O overlap",
         ),
-    ] = DEFAULT_MAX_CONCURRENCY
+    ] = None
     handler_timeout_seconds: Annotated[
         float | None,
         Field(

@@ -19,8 +19,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from engine.clock import Clock, utc_now
-from engine.dispatch.store import truncate_error
 from engine.storage.database import begin_promptly, read_only_engine
+from engine.storage.payloads import truncate_error
 from engine.storage.schema import handler_runs, side_effects
 
 SUCCEEDED = "succeeded"

@@ -12,7 +12,7 @@ keyset pages. ``error_groups`` reads at most ``scan_limit`` rows (it answers a
 console that refreshes, and says when it stopped short); ``group_members``, which
 feeds a replay, reads them all. A stored fingerprint column would make both
 index lookups, but it would have to be written by every completion in
-engine.dispatch.store, and rows written before it existed would have none.
+engine.dispatch.fenced_writes, and rows written before it existed would have none.
 """
 
 from __future__ import annotations

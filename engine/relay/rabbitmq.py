@@ -101,7 +101,7 @@ from aiormq.exceptions import (
 from pamqp.commands import Basic
 
 from engine.clock import utc_now
-from engine.dispatch.dispatcher import ExternalPublishResult
+from engine.dispatch import ExternalPublishResult
 from engine.errors import BrokerUnavailableError, ConfigurationError, OutboxError
 from engine.relay.cloudevents import (
     CONTENT_TYPE,

@@ -31,7 +31,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from engine.clock import Clock, utc_now
-from engine.dispatch.dispatcher import LockProvider
+from engine.dispatch import LockProvider
 from engine.storage.schema import locks
 
 DISPATCH_LOCK = "outbox:dispatch"

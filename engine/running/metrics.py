@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from engine.clock import Clock, utc_now
-from engine.dispatch.dispatcher import DispatchResult
+from engine.dispatch import DispatchResult
 from engine.operating.insights import OutboxInsights
 from engine.storage.schema import DEAD_LETTER, FAILED, PENDING, PUBLISHING
 

@@ -43,14 +43,14 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from engine.clock import Clock, utc_now
-from engine.dispatch.backoff import BackoffPolicy
-from engine.dispatch.dispatcher import (
+from engine.dispatch import (
     DispatchObserver,
     DispatchResult,
     ExternalPublisher,
     OutboxDispatcher,
     default_dispatcher_id,
 )
+from engine.dispatch.backoff import BackoffPolicy
 from engine.errors import InstalledAppError, StorageError
 from engine.handlers.idempotency import IdempotencyStore
 from engine.operating.retention import purge_heartbeats, purge_published, retention_cutoff

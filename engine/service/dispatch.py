@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from engine.dispatch.dispatcher import OutboxDispatcher, default_dispatcher_id
+from engine.dispatch import OutboxDispatcher, default_dispatcher_id
 from engine.errors import NothingToDeliverError
 from engine.running.metrics import OutboxMetrics
 from engine.running.run_loop import IterationCallback, RunSummary, build_dispatcher, run_dispatcher

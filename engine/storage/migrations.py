@@ -13,7 +13,7 @@ Steps, in order (version 0.2, "Delivery v2"):
 - PostgreSQL: the checks on ``ordering_key`` (not empty) and ``max_attempts`` (at least 1).
   SQLite cannot add constraints to an existing table, so an upgraded SQLite table keeps
   accepting rows its CHECKs would refuse; the dispatcher dead-letters those rows with the
-  column named (engine.dispatch.store.ClaimedRow.problem).
+  column named (engine.dispatch.claimed.ClaimedRow.problem).
 
 Version 0.3 ("Incident workflows"): the tables ``outbox_pauses`` and ``outbox_pause_log``
 (made by ``create_all`` before the upgrade runs), and the indexes
@@ -58,6 +58,10 @@ compare keys through the default collation's strcoll. A column with another coll
 outdated (``recollated_columns``); the upgrade changes it in place: no table rewrite,
 but its three key indexes are rebuilt under a lock that blocks writes (0.4 s for
 300,000 keyed rows on the benchmark machine).
+
+Version 0.9 ("Exactly-once effects"): ``outbox_events.causation_id`` and
+``correlation_id`` (the event whose handler published a row, and the first event of its
+chain), and the partial index ``ix_outbox_events_correlation`` that lists a chain.
 """
 
 from __future__ import annotations
@@ -82,6 +86,8 @@ ADDED_COLUMNS = (
     ("outbox_events", "ordering_key"),
     ("outbox_events", "seq"),
     ("outbox_events", "skipped_at"),
+    ("outbox_events", "causation_id"),
+    ("outbox_events", "correlation_id"),
     ("outbox_replay_log", "action"),
 )
 # Replaced by ix_outbox_events_unordered and ix_outbox_events_leased (now on locked_by),

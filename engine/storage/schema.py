@@ -1,9 +1,9 @@
 """The outbox's tables: one ``MetaData`` users can hand to their own Alembic.
 
-Why one module (about 400 lines): the tables, their indexes, the partial-index
-predicates that queries must repeat word for word (engine.dispatch.store, engine.operating.insights)
-and the SQLite trigger are one contract with engine.storage.migrations; a user's Alembic
-imports one ``MetaData``, and an index and the predicate it serves stay side by side.
+Why one module: the tables, their indexes, the partial-index predicates that queries
+must repeat word for word (engine.dispatch.claim_sql, engine.operating.insights) and the
+SQLite trigger are one contract with engine.storage.migrations; a user's Alembic imports
+one ``MetaData``, and an index and the predicate it serves stay side by side.
 
 ``outbox_events`` is a documented contract: every column except id, tenant_id,
 event_type, event_version, aggregate_type, aggregate_id and payload has a
@@ -12,7 +12,7 @@ server-side default, so any language can enqueue an event with plain SQL.
 ``seq`` is the table's own write order: an identity column on PostgreSQL and the
 rowid (copied by a trigger) on SQLite. Producers leave it out. Events that share
 a non-null ``ordering_key`` are delivered one at a time in ``seq`` order (see
-engine.dispatch.store and docs/dispatcher.md).
+engine.dispatch.claim_sql and docs/dispatcher.md).
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ class UtcDateTime(TypeDecorator[datetime]):
         Only SQLite can hold such a value (a row written with plain SQL into a table
         made before its CHECK constraints): reading it must not break a whole page,
         count or claim. The dispatcher dead-letters a row whose ``created_at`` reads
-        as None (see engine.dispatch.store.ClaimedRow.problem).
+        as None (see engine.dispatch.claimed.ClaimedRow.problem).
         """
         if isinstance(value, datetime):
             return as_utc(value)
@@ -133,7 +133,7 @@ Json = JSON().with_variant(JSONB(), "postgresql")
 # "C" an ordered claim cost 20.4 instead of 23.3 µs a row (pg_stat_statements, 50,000
 # events over 1,000 keys, 2 dispatchers, medians of three alternating runs; the drain took
 # 1.29-1.35 s instead of 1.36-1.56 s). UTF-8's byte order is code point order, so Python's
-# string order is the database's too (engine.dispatch.store's key cursor relies on it).
+# string order is the database's too (engine.dispatch.claimer's key cursor relies on it).
 KEY_COLLATION = "C"
 OrderingKey = String(400).with_variant(String(400, collation=KEY_COLLATION), "postgresql")
 
@@ -172,6 +172,10 @@ outbox_events = Table(
     # Set when a dead letter stops holding back the later events of its key (the event
     # type's ``skip`` policy, or an operator's ``dead-letter skip``).
     Column("skipped_at", UtcDateTime(), nullable=True),
+    # The event whose handler published this one, and the first event of its chain
+    # (null on the first event itself): how an event chain is followed.
+    Column("causation_id", String(200), nullable=True),
+    Column("correlation_id", String(200), nullable=True),
     _created_at_column(),
     # Tables made before keep an IN list here (status_is_one_of says why it changed):
     # the same rule, slower on SQLite, which cannot change the CHECK of a table.
@@ -251,6 +255,14 @@ Index(
     outbox_events.c.event_type,
     outbox_events.c.seq,
     **_where(WAITING_PREDICATE, UNORDERED_PREDICATE),
+)
+# An event chain: the events a first event caused, directly or not. Partial: a first
+# event, which has no correlation id, writes no entry.
+Index(
+    "ix_outbox_events_correlation",
+    outbox_events.c.correlation_id,
+    outbox_events.c.seq,
+    **_where("correlation_id IS NOT NULL"),
 )
 # Indexes only one dialect gets (ddl_if): PostgreSQL's ordered claim reads one index
 # where SQLite's reads two. ``indexes_for`` lists what a database of a dialect should have.

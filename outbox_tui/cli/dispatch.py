@@ -17,7 +17,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from engine.dispatch.dispatcher import default_dispatcher_id
+from engine.dispatch import default_dispatcher_id
 from engine.errors import ConfigurationError
 from engine.running.metrics import OutboxMetrics, serve_metrics
 from engine.running.run_loop import RunSummary

@@ -29,7 +29,7 @@ from textual.command import CommandList, CommandPalette
 from textual.pilot import Pilot
 
 from engine import BackoffPolicy, OutboxDispatcher, create_engine, create_schema, replay_dead_letter
-from engine.dispatch.store import claim_batch
+from engine.dispatch.claimer import Claimer
 from engine.operating.insights import EventSummary
 from engine.operating.pauses import pause
 from engine.running.heartbeat import Heartbeat
@@ -123,13 +123,7 @@ async def build_showcase(database_url: str, clock: FixedClock | None = None) -> 
         await _replay_one(engine, clock)
         clock.now = NOW - timedelta(seconds=8)
         async with engine.begin() as conn:  # a dispatcher that died holding one row
-            await claim_batch(
-                conn,
-                dispatcher_id="orders-worker-2",
-                batch_size=1,
-                lease=timedelta(seconds=30),
-                now=clock(),
-            )
+            await Claimer("orders-worker-2", 1, timedelta(seconds=30)).claim(conn, clock())
         clock.now = NOW
         await _heartbeats(engine, clock)
     finally:

@@ -1,8 +1,9 @@
 """A claim's database errors reach callers as SQLAlchemy's, whichever path ran the claim.
 
-On PostgreSQL the claim statement runs on the asyncpg connection itself (engine.dispatch.store), so
-the run loop's storage-error handling (engine.running.run_loop.STORAGE_ERRORS) depends on its errors
-being translated as ``execute`` would raise them.
+On PostgreSQL the claim statement runs on the asyncpg connection itself
+(engine.dispatch.claimer), so the run loop's storage-error handling
+(engine.running.run_loop.STORAGE_ERRORS) depends on its errors being translated as
+``execute`` would raise them.
 """
 
 from __future__ import annotations
@@ -14,15 +15,13 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError, ProgrammingError
 
 from engine import create_engine, create_schema
-from engine.dispatch import store
+from engine.dispatch.claimer import ClaimedBatch, Claimer
 from engine.running.run_loop import STORAGE_ERRORS
 
 
-async def claim(db, clock) -> store.ClaimedBatch:
+async def claim(db, clock) -> ClaimedBatch:
     async with db.begin() as conn:
-        return await store.claim_batch(
-            conn, dispatcher_id="d", batch_size=10, lease=timedelta(seconds=30), now=clock.now
-        )
+        return await Claimer("d", 10, timedelta(seconds=30)).claim(conn, clock.now)
 
 
 async def test_a_missing_table_is_a_dbapi_error_the_run_loop_handles(db, clock):
@@ -51,13 +50,7 @@ async def test_a_cancelled_claim_raises_what_execute_raises(pg_url, clock):
                     await waiting.execute(text("SET LOCAL statement_timeout = 100"))
                     with pytest.raises(DBAPIError) as caught:
                         if use_claim:
-                            await store.claim_batch(
-                                waiting,
-                                dispatcher_id="d",
-                                batch_size=10,
-                                lease=timedelta(seconds=30),
-                                now=clock.now,
-                            )
+                            await Claimer("d", 10, timedelta(seconds=30)).claim(waiting, clock.now)
                         else:
                             await waiting.execute(text("SELECT 1 FROM outbox_events"))
                     assert "statement timeout" in str(caught.value.orig)

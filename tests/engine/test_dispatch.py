@@ -21,7 +21,8 @@ from engine import (
     unit_of_work,
 )
 from engine.context import current_task_context
-from engine.dispatch.dispatcher import ExternalPublishResult
+from engine.dispatch import ExternalPublishResult
+from engine.dispatch.claimer import Claimer
 from engine.storage.database import read_only_engine
 from engine.storage.schema import handler_runs
 from engine.writing.publisher import OutboxEvent
@@ -306,13 +307,15 @@ class FlakyWrites(OutboxDispatcher):
         self.writes = 0
         self.fail_on = set(fail_on)
         self.lands = lands
+        self._write = self.writer.write
+        self.writer.write = self._flaky_write  # type: ignore[method-assign]
 
-    async def _complete(self, outcomes):
+    async def _flaky_write(self, outcomes):
         self.writes += 1
         if self.writes not in self.fail_on:
-            return await super()._complete(outcomes)
+            return await self._write(outcomes)
         if self.lands:
-            await super()._complete(outcomes)
+            await self._write(outcomes)
         raise ConnectionResetError("connection was closed in the middle of operation")
 
 
@@ -400,13 +403,10 @@ async def test_a_round_that_raises_loses_no_count(db, registry, clock):
 
 async def test_a_row_whose_leases_keep_expiring_is_dead_lettered_not_looped(db, registry, clock):
     [event_id] = await publish(db, registry, max_attempts=2)
-    from engine.dispatch import store
 
     for _ in range(2):  # two dispatchers crash while holding it
         async with db.begin() as conn:
-            claimed = await store.claim_batch(
-                conn, dispatcher_id="crash", batch_size=10, lease=timedelta(seconds=5), now=clock()
-            )
+            claimed = await Claimer("crash", 10, timedelta(seconds=5)).claim(conn, clock())
         assert [c.event_id for c in claimed.rows] == [event_id]
         clock.advance(6)
     called = []
@@ -663,16 +663,13 @@ async def test_expired_leases_are_reclaimed_one_at_a_time_so_a_poison_row_cannot
     db, registry, clock
 ):
     """A row that kills its dispatcher spends only its own attempts."""
-    from engine.dispatch import store
 
     ids = await publish(db, registry, count=5, max_attempts=3)
     lease = timedelta(seconds=5)
 
     async def claim() -> list[str]:
         async with db.begin() as conn:
-            rows = await store.claim_batch(
-                conn, dispatcher_id="crashy", batch_size=10, lease=lease, now=clock()
-            )
+            rows = await Claimer("crashy", 10, lease).claim(conn, clock())
         return [r.event_id for r in rows.rows]
 
     assert await claim() == ids  # the dispatcher takes all five, then dies

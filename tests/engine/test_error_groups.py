@@ -8,8 +8,9 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select
 
-from engine import EventHandlerPermanentError, OutboxDispatcher, replay
+from engine import EventHandlerPermanentError, OutboxDispatcher
 from engine.errors import ConfigurationError
+from engine.operating import replay
 from engine.operating.error_groups import (
     NO_ERROR,
     GroupMembers,

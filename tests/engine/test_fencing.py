@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import bindparam, text
 
 from engine import create_engine, create_schema
-from engine.dispatch import store
+from engine.dispatch import fenced_writes
 from engine.storage.schema import UtcDateTime
 
 pytestmark = pytest.mark.postgresql
@@ -66,7 +66,9 @@ async def test_a_takeover_that_commits_while_the_completion_waits_is_not_complet
 
             async def complete() -> set[str]:
                 async with engine.begin() as conn:
-                    return await store.mark_published(conn, [("e1", 1)], store.Fence("d", now))
+                    return await fenced_writes.mark_published(
+                        conn, [("e1", 1)], fenced_writes.Fence("d", now)
+                    )
 
             completion = asyncio.create_task(complete())
             await _until_someone_waits_for_a_lock(other)
@@ -96,8 +98,8 @@ async def _complete_held_rows(pg_url: str, ids: list[str], now) -> tuple[set[str
                     {"id": event_id, "until": now + timedelta(seconds=30)},
                 )
         async with engine.begin() as conn:
-            published = await store.mark_published(
-                conn, [(event_id, 1) for event_id in ids], store.Fence("d", now)
+            published = await fenced_writes.mark_published(
+                conn, [(event_id, 1) for event_id in ids], fenced_writes.Fence("d", now)
             )
         return published, [(await _status_of(engine, i))[0] for i in ids]
     finally:
@@ -123,11 +125,11 @@ async def test_an_empty_id_is_completed_alone_and_in_a_batch(pg_url, clock, ids)
 
 
 def test_joined_ids_puts_a_separator_no_id_holds_before_each_id():
-    assert store.joined_ids(["a", "b"]) == ("\x1fa\x1fb", "\x1f")
-    assert store.joined_ids([""]) == ("\x1f", "\x1f")
-    joined, separator = store.joined_ids(["a\x1f", "b\x1e", "c"])
+    assert fenced_writes.joined_ids(["a", "b"]) == ("\x1fa\x1fb", "\x1f")
+    assert fenced_writes.joined_ids([""]) == ("\x1f", "\x1f")
+    joined, separator = fenced_writes.joined_ids(["a\x1f", "b\x1e", "c"])
     assert separator not in "a\x1fb\x1ec"
     assert joined.split(separator) == ["", "a\x1f", "b\x1e", "c"]
     every_control = "".join(chr(c) for c in range(1, 0x20))
-    joined, separator = store.joined_ids([every_control, "x"])
+    joined, separator = fenced_writes.joined_ids([every_control, "x"])
     assert separator == "\ue000" and joined.split(separator) == ["", every_control, "x"]

@@ -7,7 +7,8 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import insert
 
-from engine import EventHandlerPermanentError, OutboxDispatcher, replay_dead_letter, store
+from engine import EventHandlerPermanentError, OutboxDispatcher, replay_dead_letter
+from engine.dispatch.claimer import Claimer
 from engine.errors import ConfigurationError, EventNotFoundError
 from engine.operating.insights import EventFilter, OutboxInsights
 from engine.storage.schema import outbox_events, process_heartbeats
@@ -91,9 +92,7 @@ async def test_status_and_aggregate_filters_find_rows_in_flight_and_published_al
     ids = await publish(db, registry, count=3)  # aggregates o-0, o-1, o-2
     await OutboxDispatcher(db, registry, clock=clock, batch_size=2).dispatch_once()
     async with db.begin() as conn:  # o-2 in flight
-        claimed = await store.claim_batch(
-            conn, dispatcher_id="d1", batch_size=5, lease=timedelta(seconds=30), now=clock.now
-        )
+        claimed = await Claimer("d1", 5, timedelta(seconds=30)).claim(conn, clock.now)
     assert [r.event_id for r in claimed.rows] == ids[2:]
     insights = OutboxInsights(db, clock=clock)
     expected = {"published": ids[0], "dead_letter": ids[1], "publishing": ids[2]}
@@ -248,18 +247,14 @@ async def test_a_claim_whose_lease_ran_out_is_stuck_and_a_live_one_is_not(db, re
     insights = OutboxInsights(db, clock=clock)
     lease = timedelta(seconds=30)
     async with db.begin() as conn:
-        claimed = await store.claim_batch(
-            conn, dispatcher_id="d1", batch_size=2, lease=lease, now=clock.now
-        )
+        claimed = await Claimer("d1", 2, lease).claim(conn, clock.now)
     assert len(claimed.rows) == 2
     assert (await insights.overview()).stuck_publishing == 0
     clock.advance(60)  # d1 crashed: both its leases ran out
     snap = await insights.overview()
     assert snap.counts["publishing"] == 2 and snap.stuck_publishing == 2
     async with db.begin() as conn:  # d2 reclaims one abandoned row (alone), with a new lease
-        again = await store.claim_batch(
-            conn, dispatcher_id="d2", batch_size=5, lease=lease, now=clock.now
-        )
+        again = await Claimer("d2", 5, lease).claim(conn, clock.now)
     assert len(again.rows) == 1 and again.rows[0].event_id in {r.event_id for r in claimed.rows}
     snap = await insights.overview()
     assert snap.counts["publishing"] == 2 and snap.stuck_publishing == 1

@@ -7,9 +7,11 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import bindparam, func, inspect, select, text
 
-from engine import DispatchResult, OutboxDispatcher, create_schema, insights, store
+from engine import DispatchResult, OutboxDispatcher, create_schema
 from engine.clock import utc_now
+from engine.dispatch.claimer import Claimer
 from engine.errors import SchemaOutdatedError
+from engine.operating import insights
 from engine.operating.dispatch_health import KEY_UNFINISHED
 from engine.storage.database import check_schema
 from engine.storage.schema import UtcDateTime, metadata
@@ -288,9 +290,7 @@ async def test_ordering_keys_under_the_default_collation_are_refused_then_made_b
         ).scalars()
         assert list(keys) == sorted({"Zürich", "apple"}) == ["Zürich", "apple"]
     async with db.begin() as conn:
-        claimed = await store.claim_batch(
-            conn, dispatcher_id="d", batch_size=10, lease=timedelta(seconds=30), now=utc_now()
-        )
+        claimed = await Claimer("d", 10, timedelta(seconds=30)).claim(conn, utc_now())
     assert sorted(r.event_id for r in claimed.rows) == ["e0", "e1"]  # the heads only
     behind_head = select(func.count()).where(
         t.c.ordering_key == "Zürich", t.c.seq > 1, KEY_UNFINISHED
@@ -357,8 +357,6 @@ async def test_key_turn_replaces_the_key_order_and_in_flight_indexes_on_postgres
     assert ({"ix_outbox_events_key_turn"} if pg else on_sqlite) <= indexes
     assert not (on_sqlite if pg else {"ix_outbox_events_key_turn"}) & indexes
     async with db.begin() as conn:
-        claimed = await store.claim_batch(
-            conn, dispatcher_id="d", batch_size=10, lease=timedelta(seconds=30), now=utc_now()
-        )
+        claimed = await Claimer("d", 10, timedelta(seconds=30)).claim(conn, utc_now())
     assert sorted(r.event_id for r in claimed.rows) == ["a0", "b0"]
     assert len(await rows(db)) == len(keys)

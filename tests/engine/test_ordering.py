@@ -17,6 +17,8 @@ from engine import (
     OutboxEventPublisher,
     unit_of_work,
 )
+from engine.dispatch import fenced_writes
+from engine.dispatch.claimer import ClaimCursor, Claimer
 from engine.errors import ReplayError
 from engine.operating.insights import EventFilter, OutboxInsights
 from engine.operating.replay import replay_dead_letter, skip_dead_letter
@@ -373,23 +375,23 @@ async def test_producers_that_lock_their_aggregate_write_a_key_in_commit_order(d
     assert (await row(db, id_a))["seq"] < (await row(db, id_b))["seq"]
 
 
-async def claim(db, clock, dispatcher_id="d", **kw):
-    """One claim_batch of ``dispatcher_id`` in its own transaction."""
-    from engine.dispatch import store
-
+async def claim(db, clock, dispatcher_id="d", *, batch_size, **cursor):
+    """One claim of ``dispatcher_id`` from ``ClaimCursor(**cursor)``, in its own transaction."""
+    claimer = Claimer(
+        dispatcher_id, batch_size, timedelta(seconds=30), cursor=ClaimCursor(**cursor)
+    )
     async with db.begin() as conn:
-        return await store.claim_batch(
-            conn, dispatcher_id=dispatcher_id, lease=timedelta(seconds=30), now=clock(), **kw
-        )
+        return await claimer.claim(conn, clock())
 
 
 async def complete(db, clock, batch, dispatcher_id="d"):
     """Mark every row of ``batch`` published, as its dispatcher would."""
-    from engine.dispatch import store
 
     claims = [(r.event_id, r.claim_version) for r in batch.rows]
     async with db.begin() as conn:
-        done = await store.mark_published(conn, claims, store.Fence(dispatcher_id, clock()))
+        done = await fenced_writes.mark_published(
+            conn, claims, fenced_writes.Fence(dispatcher_id, clock())
+        )
     assert len(done) == len(claims)
 
 
@@ -409,13 +411,13 @@ async def test_after_going_round_past_keys_another_dispatcher_holds_the_next_wal
     y = await claim(db, clock, "y", batch_size=2)
     assert keys_of(y) == ["order:c", "order:d"]
     await complete(db, clock, x, "x")
-    x = await claim(db, clock, "x", batch_size=2, key_cursor=x.key_cursor)
+    x = await claim(db, clock, "x", batch_size=2, key=x.cursor.key)
     assert keys_of(x) == ["order:a", "order:b"]  # went round past y's keys
-    assert (x.key_cursor, x.include_cursor_key) == ("order:a", True)
+    assert (x.cursor.key, x.cursor.include_key) == ("order:a", True)
     await complete(db, clock, x, "x")
-    x = await claim(db, clock, "x", batch_size=2, key_cursor=x.key_cursor, include_cursor_key=True)
+    x = await claim(db, clock, "x", batch_size=2, key=x.cursor.key, include_key=True)
     assert keys_of(x) == ["order:a", "order:b"]
-    assert (x.key_cursor, x.include_cursor_key) == ("order:b", False)  # a lap as usual next
+    assert (x.cursor.key, x.cursor.include_key) == ("order:b", False)  # a lap as usual next
 
 
 async def test_one_dispatcher_at_the_end_of_its_lap_goes_on_round_robin(db, ordered, clock):
@@ -424,9 +426,9 @@ async def test_one_dispatcher_at_the_end_of_its_lap_goes_on_round_robin(db, orde
     await publish(db, ordered, ["a", "b", "c", "d"] * 3)
     taken, cursor, include = [], "", False
     for _ in range(4):
-        batch = await claim(db, clock, batch_size=2, key_cursor=cursor, include_cursor_key=include)
+        batch = await claim(db, clock, batch_size=2, key=cursor, include_key=include)
         taken.append(keys_of(batch))
-        cursor, include = batch.key_cursor, batch.include_cursor_key
+        cursor, include = batch.cursor.key, batch.cursor.include_key
         await complete(db, clock, batch)
     ab, cd = ["order:a", "order:b"], ["order:c", "order:d"]
     assert taken == [ab, cd, ab, cd]
@@ -437,9 +439,9 @@ async def test_a_claim_past_the_last_due_key_goes_round_instead_of_coming_up_emp
 ):
     ids = await publish(db, ordered, ["a", "b"])
     # the cursor is past both keys ("order:a", "order:b")
-    batch = await claim(db, clock, batch_size=10, key_cursor="order:z")
+    batch = await claim(db, clock, batch_size=10, key="order:z")
     assert sorted(r.event_id for r in batch.rows) == sorted(ids)
-    assert batch.key_cursor == ""
+    assert batch.cursor.key == ""
 
 
 async def test_a_batch_filled_by_unordered_rows_first_keeps_the_key_cursor(db, registry, clock):
@@ -448,6 +450,6 @@ async def test_a_batch_filled_by_unordered_rows_first_keeps_the_key_cursor(db, r
     unordered = await publish(db, registry, ["u1", "u2", "u3"])
     await publish(db, registry, ["a"], ordering_key="k:a")
     await publish(db, registry, ["b"], ordering_key="k:b")
-    batch = await claim(db, clock, batch_size=3, key_cursor="k:a", ordered_first=False)
+    batch = await claim(db, clock, batch_size=3, key="k:a", ordered_first=False)
     assert sorted(r.event_id for r in batch.rows) == sorted(unordered)
-    assert batch.key_cursor == "k:a"
+    assert batch.cursor.key == "k:a"

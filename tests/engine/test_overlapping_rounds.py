@@ -14,7 +14,8 @@ from collections import Counter
 
 import pytest
 
-from engine import DispatchResult, OutboxDispatcher, store
+from engine import DispatchResult, OutboxDispatcher
+from engine.dispatch import fenced_writes
 
 from .conftest import rows
 from .test_delivery_prefetch import fresh, key_for
@@ -136,7 +137,7 @@ async def test_a_write_that_fails_behind_is_raised_by_the_next_round(db, registr
     handler = SlowFirst()
     dispatcher = overlapping(db, registry, clock, handler)
     assert (await dispatcher.dispatch_once()).claimed == 3
-    complete = dispatcher._complete
+    complete = dispatcher.writer.write
 
     failed = asyncio.Event()
 
@@ -146,11 +147,11 @@ async def test_a_write_that_fails_behind_is_raised_by_the_next_round(db, registr
             raise ConnectionResetError("the database went away")
         return await complete(outcomes)
 
-    dispatcher._complete = refused  # type: ignore[method-assign]
+    dispatcher.writer.write = refused  # type: ignore[method-assign]
     handler.release.set()
     await asyncio.wait_for(failed.wait(), timeout=8)  # the slow call ended; its write failed
     deadline = asyncio.get_running_loop().time() + 5
-    while not all(task.done() for task, _workers in dispatcher._behind):  # sync only
+    while not dispatcher.rounds.behind.all_done():
         assert asyncio.get_running_loop().time() < deadline
         await asyncio.sleep(0.01)
     with pytest.raises(ConnectionResetError):
@@ -196,14 +197,14 @@ async def test_a_round_whose_write_failed_does_not_hand_off(db, registry, clock)
     handler = SlowFirst()
     # two at once: ids[1]'s outcome is written (and refused) while ids[2] still runs
     dispatcher = overlapping(db, registry, clock, handler, max_concurrency=2)
-    complete = dispatcher._complete
+    complete = dispatcher.writer.write
 
     async def refused(outcomes):
         if any(o.row.event_id in ids[1:3] for o in outcomes):
             raise ConnectionResetError("the database went away")
         return await complete(outcomes)
 
-    dispatcher._complete = refused  # type: ignore[method-assign]
+    dispatcher.writer.write = refused  # type: ignore[method-assign]
     asyncio.get_running_loop().call_later(0.3, handler.release.set)
     with pytest.raises(ConnectionResetError):  # it waited for its slow call, then raised
         await dispatcher.dispatch_once()
@@ -233,19 +234,19 @@ async def test_completions_in_doubt_added_while_others_are_settled_are_kept(db, 
     """A round finishing behind may fail a write while the next round asks which earlier
     writes landed: its rows are asked about next time, not forgotten."""
     dispatcher = overlapping(db, registry, clock, SlowFirst())
-    dispatcher._in_doubt["asked"] = 1
-    landed = store.completions_landed
+    dispatcher._in_doubt.claims["asked"] = 1
+    landed = fenced_writes.completions_landed
 
     async def meanwhile(conn, claims):
-        dispatcher._in_doubt["added meanwhile"] = 2  # a write behind failed just now
+        dispatcher._in_doubt.claims["added meanwhile"] = 2  # a write behind failed just now
         return await landed(conn, claims)
 
-    store.completions_landed = meanwhile  # type: ignore[assignment]
+    fenced_writes.completions_landed = meanwhile  # type: ignore[assignment]
     try:
-        await dispatcher._settle_in_doubt()
+        await dispatcher._in_doubt.settle()
     finally:
-        store.completions_landed = landed  # type: ignore[assignment]
-    assert dispatcher._in_doubt == {"added meanwhile": 2}
+        fenced_writes.completions_landed = landed  # type: ignore[assignment]
+    assert dispatcher._in_doubt.claims == {"added meanwhile": 2}
 
 
 async def test_a_stop_whose_hand_back_fails_still_reports_the_round_behind(
@@ -257,7 +258,7 @@ async def test_a_stop_whose_hand_back_fails_still_reports_the_round_behind(
     handler = SlowFirst()
     dispatcher = overlapping(db, registry, clock, handler)
     first = await dispatcher.dispatch_once()  # handed off: ids[0] behind, ids[3:6] ahead
-    complete = dispatcher._complete
+    complete = dispatcher.writer.write
 
     async def landed_then_cut_off(outcomes):
         written = await complete(outcomes)
@@ -268,8 +269,8 @@ async def test_a_stop_whose_hand_back_fails_still_reports_the_round_behind(
     async def hand_back_refused(batch):
         raise ConnectionRefusedError("hand-back refused")
 
-    dispatcher._complete = landed_then_cut_off  # type: ignore[method-assign]
-    dispatcher._release = hand_back_refused  # type: ignore[method-assign]
+    dispatcher.writer.write = landed_then_cut_off  # type: ignore[method-assign]
+    dispatcher.batches.release = hand_back_refused  # type: ignore[method-assign]
     asyncio.get_running_loop().call_later(0.2, handler.release.set)
     with (
         caplog.at_level("WARNING", logger="engine.dispatcher"),

@@ -10,7 +10,9 @@ from sqlalchemy import ARRAY, Text, bindparam, func, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 
 from engine import create_engine, create_schema
-from engine.dispatch import store
+from engine.dispatch import claim_sql, claimer, fenced_writes
+from engine.dispatch.claim_sql import ClaimScope
+from engine.dispatch.claimer import Claimer
 from engine.operating import dispatch_health, insights, pauses
 from engine.operating.event_views import SUMMARY_COLUMNS, EventFilter, filtered
 from engine.storage.schema import IN_FLIGHT_PREDICATE, KEYED_PREDICATE, UtcDateTime
@@ -129,7 +131,7 @@ async def test_the_claim_walks_keys_and_unordered_rows_through_their_indexes(
                 "FROM generate_series(1, 20000) AS i"
             )
             await conn.exec_driver_sql("ANALYZE outbox_events")
-    sql = store._claim_sql(db.dialect.name, store.ClaimShape(ordered_first))
+    sql = claim_sql.claim_sql(db.dialect.name, claim_sql.ClaimShape(ordered_first))
     params = {
         "now": clock(),
         "locked_until": clock(),
@@ -191,9 +193,9 @@ async def test_a_scoped_claim_reads_one_range_per_served_type(db, clock):
                 "'o', 'a', '{}' FROM generate_series(1, 20000) AS i"
             )
             await conn.exec_driver_sql("ANALYZE outbox_events")
-    sql = store._claim_sql(db.dialect.name, store.ClaimShape(scoped=True, per_type=2))
+    sql = claim_sql.claim_sql(db.dialect.name, claim_sql.ClaimShape(scoped=True, per_type=2))
     params = {
-        **store._scope_params(db.dialect.name, store.ClaimScope(frozenset({"a", "b"}))),
+        **claim_sql.scope_params(db.dialect.name, ClaimScope(frozenset({"a", "b"}))),
         "type_0": "a",
         "type_1": "b",
         "now": clock(),
@@ -273,8 +275,8 @@ async def _fill_unserved_backlog(db, keys: int, behind: int, first: int = 0) -> 
         await conn.exec_driver_sql("ANALYZE outbox_events" if pg else "ANALYZE")
 
 
-async def _claim_work(db, clock, scope: store.ClaimScope) -> tuple[int, int]:
-    """(rows claimed, work done) for one scoped claim (claim_batch), rolled back afterwards.
+async def _claim_work(db, clock, scope: ClaimScope) -> tuple[int, int]:
+    """(rows claimed, work done) for one scoped claim (Claimer.claim), rolled back afterwards.
 
     Work: on SQLite the virtual machine instructions the claim ran (a progress handler
     counting every 100); on PostgreSQL the rows every node of the claim statement's plan
@@ -299,13 +301,8 @@ async def _claim_work(db, clock, scope: store.ClaimScope) -> tuple[int, int]:
                 if pg:
                     await conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
                     steps = await _claim_plan_rows(conn, clock, scope, batch)
-                claimed = await store.claim_batch(
-                    conn,
-                    dispatcher_id="d",
-                    batch_size=batch,
-                    lease=timedelta(seconds=30),
-                    now=clock(),
-                    scope=scope,
+                claimed = await Claimer("d", batch, timedelta(seconds=30)).claim(
+                    conn, clock(), scope
                 )
                 await tx.rollback()
         finally:
@@ -314,20 +311,20 @@ async def _claim_work(db, clock, scope: store.ClaimScope) -> tuple[int, int]:
     return len(claimed.rows), steps
 
 
-async def _claim_plan_rows(conn, clock, scope: store.ClaimScope, batch: int) -> int:
-    """Rows produced by every node of the statement claim_batch would run (PostgreSQL)."""
-    per_type = await store._per_type_plan(conn, scope)
+async def _claim_plan_rows(conn, clock, scope: ClaimScope, batch: int) -> int:
+    """Rows produced by every node of the statement Claimer.claim would run (PostgreSQL)."""
+    per_type = await claimer._per_type_plan(conn, scope)
     pairs = bool(scope.paused_pairs)
-    sql = store._claim_sql(
+    sql = claim_sql.claim_sql(
         "postgresql",
-        store.ClaimShape(
+        claim_sql.ClaimShape(
             scoped=True,
             per_type=None if per_type is None else len(per_type),
             paused_pairs=pairs,
         ),
     )
     params = {
-        **store._scope_params("postgresql", scope),
+        **claim_sql.scope_params("postgresql", scope),
         **{f"type_{i}": name for i, name in enumerate(per_type or ())},
         "now": clock(),
         "locked_until": clock() + timedelta(seconds=30),
@@ -361,9 +358,9 @@ async def test_a_scoped_claim_on_sqlite_searches_one_range_per_served_type(sqlit
     try:
         await create_schema(db)
         await _fill_unserved_backlog(db, keys=50, behind=4)
-        sql = store._claim_sql("sqlite", store.ClaimShape(scoped=True, per_type=2))
+        sql = claim_sql.claim_sql("sqlite", claim_sql.ClaimShape(scoped=True, per_type=2))
         params = {
-            **store._scope_params("sqlite", store.ClaimScope(frozenset({"a", "b"}))),
+            **claim_sql.scope_params("sqlite", ClaimScope(frozenset({"a", "b"}))),
             "type_0": "a",
             "type_1": "b",
             "now": clock(),
@@ -389,7 +386,7 @@ async def test_the_key_walk_past_unserved_heads_costs_per_key_not_per_row_behind
     """Many keys whose heads nobody here serves, each with rows of a served type behind:
     the claim takes none of them (they wait behind their heads) and its work does not grow
     with the rows queued behind the heads (the walk probes one head per key)."""
-    scope = store.ClaimScope(frozenset({"a"}))
+    scope = ClaimScope(frozenset({"a"}))
     keys = 300
     await _fill_unserved_backlog(db, keys=keys, behind=5)
     claimed, shallow = await _claim_work(db, clock, scope)
@@ -435,13 +432,11 @@ async def test_a_claim_on_a_large_backlog_is_never_jit_compiled(pg_url, clock, k
             "walk_limit": 2000,
         }
         typed = [bindparam(k, type_=UtcDateTime()) for k in ("now", "locked_until")]
-        claim = store._claim_sql("postgresql", store.ClaimShape())
+        claim = claim_sql.claim_sql("postgresql", claim_sql.ClaimShape())
         explain = text("EXPLAIN (FORMAT JSON) " + claim)
         explain = explain.bindparams(*typed)
         async with engine.begin() as conn:
-            claimed = await store.claim_batch(
-                conn, dispatcher_id="d", batch_size=500, lease=timedelta(seconds=30), now=clock()
-            )
+            claimed = await Claimer("d", 500, timedelta(seconds=30)).claim(conn, clock())
             assert len(claimed.rows) == 500
             [plan] = (await conn.execute(explain, params)).scalar_one()
             assert "JIT" not in plan, plan["Plan"]["Total Cost"]
@@ -597,10 +592,10 @@ async def test_the_completion_finds_each_claimed_row_through_an_index(db, clock)
     strings, or as one JSON array on SQLite), and each claim is a probe, never a table
     scan."""
     if db.dialect.name == "postgresql":
-        sql = store._PUBLISH_PG.element.text
+        sql = fenced_writes._PUBLISH_PG.element.text
         claims = {"ids": "\x1fe-1\x1fe-2", "separator": "\x1f", "versions": "1,1"}
     else:
-        sql = store._PUBLISH_SQLITE.text
+        sql = fenced_writes._PUBLISH_SQLITE.text
         claims = {"claims": json.dumps([["e-1", 1], ["e-2", 1]])}
     plan = await _text_plan(db, sql, {"now": clock(), "dispatcher_id": "d", **claims})
     _assert_no_table_scan(plan)
@@ -632,15 +627,15 @@ async def test_fenced_updates_probe_ids_whatever_the_statistics_say_of_rows_in_f
                 ).bindparams(bindparam("until", type_=UtcDateTime())),
                 {"until": now + timedelta(seconds=30)},
             )
-        fence = store.Fence("d", now)
+        fence = fenced_writes.Fence("d", now)
         one = (
             t.update()
-            .where(t.c.id == "e1", t.c.claim_version == 1, store._held(fence))
+            .where(t.c.id == "e1", t.c.claim_version == 1, fenced_writes._held(fence))
             .values(status="failed")
         )
-        batch = store._PUBLISH_PG.element.text
+        batch = fenced_writes._PUBLISH_PG.element.text
         ids = [f"e{i}" for i in range(1, 301)]
-        joined, separator = store.joined_ids(ids)
+        joined, separator = fenced_writes.joined_ids(ids)
         versions = ",".join(["1"] * len(ids))
         params = {
             "now": now,
@@ -665,7 +660,7 @@ async def test_fenced_updates_probe_ids_whatever_the_statistics_say_of_rows_in_f
                     assert "ix_outbox_events_backlog_id" not in plan, (mode, name, plan)
                     assert "ix_outbox_events_lease_expiry" not in plan, (mode, name, plan)
         async with engine.begin() as conn:
-            done = await store.mark_published(conn, [(i, 1) for i in ids], fence)
+            done = await fenced_writes.mark_published(conn, [(i, 1) for i in ids], fence)
         assert done == set(ids)
     finally:
         await engine.dispose()

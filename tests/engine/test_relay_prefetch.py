@@ -14,7 +14,7 @@ from collections import Counter
 import pytest
 
 from engine import DispatchResult, OutboxDispatcher, OutboxEventPublisher, unit_of_work
-from engine.dispatch.dispatcher import ExternalPublishResult
+from engine.dispatch import ExternalPublishResult
 from engine.running.run_loop import run_dispatcher
 from engine.writing.publisher import OutboxEvent
 
@@ -184,7 +184,7 @@ async def test_lost_leases_at_hand_back_are_reported_even_after_a_round_that_rai
     async def claim_fails():
         raise ConnectionResetError("connection was closed in the middle of operation")
 
-    d1._claim = claim_fails  # the storage error comes right after the stale hand-back
+    d1.batches.claim = claim_fails  # the storage error comes right after the stale hand-back
     with pytest.raises(ConnectionResetError):
         await d1.dispatch_once()
     await d1.release_prefetched()  # the run loop's stop

@@ -14,7 +14,7 @@ from collections import Counter
 import pytest
 
 from engine import OutboxDispatcher
-from engine.dispatch.store import ClaimedRow
+from engine.dispatch.claimed import ClaimedRow
 from engine.writing.envelope import EventEnvelope
 
 from .test_relay_prefetch import publish

@@ -1,4 +1,4 @@
-"""The unordered claim's keyset floor (``claim_batch(seq_floor=...)``).
+"""The unordered claim's keyset floor (``ClaimCursor.seq_floor``).
 
 A dispatcher that claimed a full batch goes on after its last unordered row, so it does
 not walk again over the index entries of rows published since the last vacuum. The floor
@@ -11,8 +11,11 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from engine import OutboxDispatcher, store
+from engine import OutboxDispatcher
+from engine.dispatch import fenced_writes
 from engine.dispatch.backoff import BackoffPolicy
+from engine.dispatch.claim_sql import ClaimScope
+from engine.dispatch.claimer import SEQ_FLOOR_RESET, ClaimCursor, ClaimedBatch, Claimer
 from engine.storage.schema import outbox_events
 
 from .conftest import rows
@@ -21,10 +24,10 @@ from .test_relay_prefetch import publish
 LEASE = timedelta(seconds=30)
 
 
-async def claim(db, clock, *, floor: int, batch: int = 2) -> store.ClaimedBatch:
+async def claim(db, clock, *, floor: int, batch: int = 2) -> ClaimedBatch:
     async with db.begin() as conn:
-        return await store.claim_batch(
-            conn, dispatcher_id="d", batch_size=batch, lease=LEASE, now=clock.now, seq_floor=floor
+        return await Claimer("d", batch, LEASE, cursor=ClaimCursor(seq_floor=floor)).claim(
+            conn, clock.now
         )
 
 
@@ -34,12 +37,12 @@ async def test_a_full_batch_moves_the_floor_past_its_last_row_and_the_next_claim
     ids = await publish(db, registry, 5)
     first = await claim(db, clock, floor=0)
     assert [r.event_id for r in first.rows] == ids[:2]
-    assert first.seq_floor == first.rows[-1].seq + 1
-    second = await claim(db, clock, floor=first.seq_floor)
+    assert first.cursor.seq_floor == first.rows[-1].seq + 1
+    second = await claim(db, clock, floor=first.cursor.seq_floor)
     assert [r.event_id for r in second.rows] == ids[2:4]
-    last = await claim(db, clock, floor=second.seq_floor)  # not full: start over next time
+    last = await claim(db, clock, floor=second.cursor.seq_floor)  # not full: start over next time
     assert [r.event_id for r in last.rows] == ids[4:]
-    assert last.seq_floor == 0
+    assert last.cursor.seq_floor == 0
 
 
 async def test_nothing_due_above_the_floor_goes_round_from_the_first_row_at_once(
@@ -48,7 +51,9 @@ async def test_nothing_due_above_the_floor_goes_round_from_the_first_row_at_once
     ids = await publish(db, registry, 3)
     seqs = {r.event_id: r.seq for r in (await claim(db, clock, floor=0, batch=3)).rows}
     async with db.begin() as conn:  # handed back, as a stopping dispatcher does
-        released = await store.release_unattempted(conn, [(ids[0], 1)], store.Fence("d", clock.now))
+        released = await fenced_writes.release_unattempted(
+            conn, [(ids[0], 1)], fenced_writes.Fence("d", clock.now)
+        )
     assert released == {ids[0]}
     # A floor above every row: the claim finds nothing there and takes the released row.
     again = await claim(db, clock, floor=seqs[ids[2]] + 1)
@@ -81,7 +86,7 @@ async def test_a_retry_below_the_floor_is_claimed_within_the_reset_while_a_backl
         clock.advance(0.25)
     # Claimed by the first round at least SEQ_FLOOR_RESET after the floor was last 0, not
     # after the 9 rounds the backlog above the floor takes.
-    assert timedelta(seconds=0.25 * (rounds - 1)) <= store.SEQ_FLOOR_RESET
+    assert timedelta(seconds=0.25 * (rounds - 1)) <= SEQ_FLOOR_RESET
     by_id = {r["id"]: r for r in await rows(db)}
     assert by_id[ids[0]]["status"] == "published"
 
@@ -99,28 +104,21 @@ async def test_a_claim_from_the_floor_keeps_the_ranges_plan_and_each_range_still
             .values(event_type="billing.charged")
         )
     tenant = (await rows(db))[0]["tenant_id"]
-    served = store.ClaimScope(frozenset({"orders.placed"}))
-    paused = store.ClaimScope(frozenset({"orders.placed"}), frozenset({("orders.placed", tenant)}))
+    served = ClaimScope(frozenset({"orders.placed"}))
+    paused = ClaimScope(frozenset({"orders.placed"}), frozenset({("orders.placed", tenant)}))
 
     async def claim_in(scope, *, floor, ranges):
         async with db.begin() as conn:
-            return await store.claim_batch(
-                conn,
-                dispatcher_id="d",
-                batch_size=2,
-                lease=LEASE,
-                now=clock.now,
-                seq_floor=floor,
-                scope=scope,
-                ranges=ranges,
-            )
+            return await Claimer(
+                "d", 2, LEASE, cursor=ClaimCursor(seq_floor=floor, ranges=ranges)
+            ).claim(conn, clock.now, scope)
 
     first = await claim_in(served, floor=0, ranges=None)
     assert [r.event_id for r in first.rows] == ids[2:4]
-    assert first.ranges == ("orders.placed",)
-    held = await claim_in(paused, floor=first.seq_floor, ranges=first.ranges)
+    assert first.cursor.ranges == ("orders.placed",)
+    held = await claim_in(paused, floor=first.cursor.seq_floor, ranges=first.cursor.ranges)
     assert held.rows == []
-    going_on = await claim_in(served, floor=first.seq_floor, ranges=first.ranges)
+    going_on = await claim_in(served, floor=first.cursor.seq_floor, ranges=first.cursor.ranges)
     assert [r.event_id for r in going_on.rows] == ids[4:6]
     statuses = {r["id"]: r["status"] for r in await rows(db)}
     assert [statuses[i] for i in ids[:2]] == ["pending", "pending"]

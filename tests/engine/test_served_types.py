@@ -13,8 +13,9 @@ from datetime import timedelta
 from sqlalchemy import text
 
 from engine import EventRegistry, OutboxDispatcher
-from engine.dispatch.dispatcher import ExternalPublishResult
-from engine.dispatch.store import ClaimScope, claim_batch
+from engine.dispatch import ExternalPublishResult
+from engine.dispatch.claim_sql import ClaimScope
+from engine.dispatch.claimer import Claimer
 from engine.operating.insights import OutboxInsights
 from engine.running.heartbeat import Heartbeat
 
@@ -148,24 +149,12 @@ async def test_a_pause_for_one_tenant_leaves_that_tenants_rows_alone(db, clock):
     )
     assert not scope.admits("orders.placed", "globex") and scope.admits("orders.placed", "acme")
     async with db.begin() as conn:
-        batch = await claim_batch(
-            conn,
-            dispatcher_id="d",
-            batch_size=10,
-            lease=timedelta(seconds=30),
-            now=clock(),
-            scope=scope,
-        )
+        batch = await Claimer("d", 10, timedelta(seconds=30)).claim(conn, clock(), scope)
     assert sorted(r.event_id for r in batch.rows) == ["a1", "a2", "g2"]
     assert (await row(db, "g1"))["status"] == "pending"
     async with db.begin() as conn:
-        nothing = await claim_batch(
-            conn,
-            dispatcher_id="d",
-            batch_size=10,
-            lease=timedelta(seconds=30),
-            now=clock(),
-            scope=ClaimScope(frozenset()),
+        nothing = await Claimer("d", 10, timedelta(seconds=30)).claim(
+            conn, clock(), ClaimScope(frozenset())
         )
     assert nothing.rows == []
 

@@ -196,7 +196,7 @@ def test_the_payload_decoder_accepts_and_refuses_exactly_what_strict_json_loads_
     (which json.dumps writes for inf) is refused, as by every JSON parser but Python's."""
     import json
 
-    from engine.dispatch.store import decode_json
+    from engine.storage.payloads import decode_json
 
     text = before + json.dumps(value) + after
     ours, theirs = _loads_outcome(decode_json, text), _loads_outcome(_strict_loads, text)
@@ -209,7 +209,7 @@ def test_the_payload_decoder_accepts_and_refuses_exactly_what_strict_json_loads_
 def test_the_payload_decoder_agrees_with_json_loads_on_any_text(text):
     import json
 
-    from engine.dispatch.store import decode_json
+    from engine.storage.payloads import decode_json
 
     ours, theirs = _loads_outcome(decode_json, text), _loads_outcome(_strict_loads, text)
     assert ours[0] == theirs[0]
@@ -228,7 +228,7 @@ def _strict_loads(text):
 
 @pytest.mark.parametrize("text", ["NaN", "[1, Infinity]", ' {"a": -Infinity}', "NaN x"])
 def test_the_payload_decoder_refuses_what_only_python_calls_json(text):
-    from engine.dispatch.store import decode_json
+    from engine.storage.payloads import decode_json
 
     with pytest.raises(ValueError, match="is not JSON"):
         decode_json(text)
@@ -251,6 +251,8 @@ def _row(**changes):
         "max_attempts": 5,
         "replay_count": 1,
         "created_at": datetime(2026, 12, 3, 12, 0, tzinfo=UTC),
+        "causation_id": "0193f2c4-0000-7000-8000-000000000000",
+        "correlation_id": "0193f2c4-0000-7000-8000-00000000000a",
         "payload": '{"tenant_id": "acme"}',
     }
     row.update(changes)
@@ -268,7 +270,17 @@ def test_an_envelope_from_a_row_is_the_one_its_constructor_makes():
     made = EventEnvelope(
         row["id"], "acme", "orders.placed", 2, "order", "o-1", payload, row["created_at"]
     )
-    assert built == replace(made, attempt_count=2, max_attempts=5, claim_version=3, replay_count=1)
+    assert built == replace(
+        made,
+        attempt_count=2,
+        max_attempts=5,
+        claim_version=3,
+        replay_count=1,
+        causation_id=row["causation_id"],
+        correlation_id=row["correlation_id"],
+    )
+    assert built.chain_id == row["correlation_id"]
+    assert made.chain_id == made.event_id  # a first event is its own chain
     assert type(built) is EventEnvelope and hash(built.event_id)
     with pytest.raises(AttributeError):
         built.attempt_count = 9  # type: ignore[misc]  # still frozen
@@ -285,18 +297,15 @@ def test_an_envelope_from_a_row_is_the_one_its_constructor_makes():
 
 def _decode_outcomes(registry, row, payload_text, max_attempts=None):
     """What the dispatcher's quick decode and its full checks make of one claimed row."""
-    from engine import create_engine
-    from engine.dispatch.dispatcher import OutboxDispatcher
-    from engine.dispatch.store import ClaimedRow
+    from engine.dispatch.claimed import ClaimedRow
+    from engine.dispatch.decoding import Decoder
 
-    dispatcher = OutboxDispatcher(
-        create_engine("sqlite+aiosqlite:///unused.db"), registry, max_attempts=max_attempts
-    )
+    decoder = Decoder(registry, max_attempts)
     claimed = ClaimedRow(row, payload_text)
-    envelope, problem = dispatcher._decode(claimed)
-    if envelope is not None and claimed.attempt_count > dispatcher._budget(claimed):
+    envelope, problem = decoder._decode(claimed)
+    if envelope is not None and claimed.attempt_count > decoder.budget(claimed):
         envelope, problem = None, "attempts exhausted"
-    return dispatcher._clean_envelope(claimed), envelope, problem
+    return decoder._clean_envelope(claimed), envelope, problem
 
 
 _SOUND = '{"tenant_id": "acme", "actor_id": "a", "request_id": "r", "total": 5}'
@@ -357,7 +366,7 @@ def test_the_quick_decode_takes_only_rows_the_full_checks_pass_and_builds_the_sa
     ],
 )
 def test_a_corrupt_row_is_named_by_its_column_and_a_sound_one_passes(column, value):
-    from engine.dispatch.store import ClaimedRow
+    from engine.dispatch.claimed import ClaimedRow
 
     assert ClaimedRow(_row(), "{}").problem() is None
     problem = ClaimedRow(_row(**{column: value}), "{}").problem()

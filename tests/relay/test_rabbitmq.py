@@ -26,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from engine import BackoffPolicy, DispatchResult, EventEnvelope, OutboxDispatcher, OutboxError
 from engine.clock import uuid7
 from engine.context import TaskContext
-from engine.dispatch.dispatcher import ExternalPublishResult
+from engine.dispatch import ExternalPublishResult
 from engine.errors import ConfigurationError
 from engine.relay import BrokerUnavailableError, RabbitMqOutboxPublisher
 from engine.relay import rabbitmq as rabbitmq_relay
@@ -250,7 +250,7 @@ async def test_the_message_data_is_the_payload_as_stored(
             )
     dispatcher = OutboxDispatcher(db, registry, clock=clock, external_publisher=relay)
     if path == "checked":
-        monkeypatch.setattr(dispatcher, "_clean_envelope", lambda row: None)
+        monkeypatch.setattr(dispatcher.batches.decoder, "_clean_envelope", lambda row: None)
     assert (await dispatcher.dispatch_once()).published == len(payloads)
     received = {m.message_id: m for m in await topology.drain(set(payloads))}
     async with db.connect() as conn:  # what the database holds, read exactly

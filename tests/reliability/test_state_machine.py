@@ -59,9 +59,11 @@ from engine import (
     OutboxEventPublisher,
     create_engine,
     create_schema,
-    store,
     unit_of_work,
 )
+from engine.dispatch import fenced_writes
+from engine.dispatch.claim_sql import ClaimScope
+from engine.dispatch.claimer import ClaimCursor, ClaimedBatch, Claimer
 from engine.operating.replay import replay_dead_letter, skip_dead_letter
 from engine.storage.schema import (
     DEAD_LETTER,
@@ -434,25 +436,21 @@ class OutboxMachine(RuleBasedStateMachine):
         self, dispatcher: str, batch: int, ordered_first: bool, served: set[str] | None
     ) -> None:
         types = frozenset(served) if served is not None else frozenset(TYPES)
-        scope = None if served is None else store.ClaimScope(types)
+        scope = None if served is None else ClaimScope(types)
         eligible, abandoned = self._eligible(types)
         cursor = self.cursors[dispatcher]
 
-        async def claim() -> store.ClaimedBatch:
+        async def claim() -> ClaimedBatch:
             async with self.engine.begin() as conn:
-                return await store.claim_batch(
-                    conn,
-                    dispatcher_id=dispatcher,
-                    batch_size=batch,
-                    lease=LEASE,
-                    now=self._now(),
-                    key_cursor=cursor,
-                    ordered_first=ordered_first,
-                    scope=scope,
-                )
+                return await Claimer(
+                    dispatcher,
+                    batch,
+                    LEASE,
+                    cursor=ClaimCursor(key=cursor, ordered_first=ordered_first),
+                ).claim(conn, self._now(), scope)
 
         result = self.run(claim())
-        self.cursors[dispatcher] = result.key_cursor
+        self.cursors[dispatcher] = result.cursor.key
         ids = [r.event_id for r in result.rows]
         assert len(ids) == len(set(ids))
         assert set(ids) <= eligible, f"claimed {set(ids) - eligible} that were not due"
@@ -507,24 +505,24 @@ class OutboxMachine(RuleBasedStateMachine):
         why = self._held(claim)
         before = self.run(self._snapshot())
         now = self._now()
-        fence = store.Fence(claim.dispatcher, now)
+        fence = fenced_writes.Fence(claim.dispatcher, now)
         token = (claim.event_id, claim.claim_version)
 
         async def write() -> bool:
             async with self.engine.begin() as conn:
                 if kind == "published":
-                    return bool(await store.mark_published(conn, [token], fence))
+                    return bool(await fenced_writes.mark_published(conn, [token], fence))
                 if kind == "release":
-                    return bool(await store.release_unattempted(conn, [token], fence))
+                    return bool(await fenced_writes.release_unattempted(conn, [token], fence))
                 if kind == "failed":
-                    return await store.mark_failed(
+                    return await fenced_writes.mark_failed(
                         conn,
                         *token,
                         fence,
                         error="boom",
                         next_retry_at=now + timedelta(seconds=delay),
                     )
-                return await store.mark_dead_letter(
+                return await fenced_writes.mark_dead_letter(
                     conn,
                     *token,
                     fence,

@@ -165,7 +165,7 @@ async def test_build_dispatcher_wires_the_settings(db, registry, clock):
 
 async def test_waits_after_a_round_that_moved_nothing_on(db, registry):
     """A broker outage hands rows back every round: the loop must not spin on them."""
-    from engine.dispatch.dispatcher import ExternalPublishResult
+    from engine.dispatch import ExternalPublishResult
 
     class DownBroker:
         calls = 0

@@ -7,7 +7,7 @@ import asyncio
 
 from rich.console import Console
 
-from engine.dispatch.dispatcher import ExternalPublishResult
+from engine.dispatch import ExternalPublishResult
 from engine.operating.insights import OutboxInsights
 from engine.running.run_loop import build_dispatcher, run_dispatcher
 from outbox_tui import output
