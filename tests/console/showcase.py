@@ -27,6 +27,7 @@ from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 from textual.command import CommandList, CommandPalette
 from textual.pilot import Pilot
+from textual.widgets import Input
 
 from engine import BackoffPolicy, OutboxDispatcher, create_engine, create_schema, replay_dead_letter
 from engine.dispatch.claimer import Claimer
@@ -42,6 +43,7 @@ from outbox_tui.examples.orders import create_tables
 from outbox_tui.examples.orders.traffic import generate_orders
 from outbox_tui.screens.confirm import ConfirmModal
 from outbox_tui.screens.filter import FilterModal
+from outbox_tui.screens.help import HelpScreen
 from outbox_tui.widgets.blocked_keys import BlockedKeysTable
 from outbox_tui.widgets.event_detail import EventDetailPane
 from outbox_tui.widgets.event_table import EventTable
@@ -273,6 +275,20 @@ async def _detail_of(pilot: Pilot[object], pick: Callable[[EventSummary], bool])
     await _wait(pilot, lambda: pane.event_id == wanted, "the detail")
 
 
+async def _dialog(pilot: Pilot[object]) -> None:
+    """Wait until a confirmation is up with its focus set (in the reason field, drawn with
+    its cursor): the screen is pushed a frame before its ``on_mount`` sets the focus."""
+    app = pilot.app
+    await _wait(
+        pilot,
+        lambda: isinstance(app.screen, ConfirmModal) and app.screen.focused is not None,
+        "the dialog",
+    )
+    for field in app.screen.query(Input):  # a steady cursor: the image must not blink
+        field.cursor_blink = False
+    await pilot.pause()
+
+
 async def scene_overview(pilot: Pilot[object], clock: FixedClock) -> None:
     await warm_up(pilot, clock)
 
@@ -323,7 +339,7 @@ async def scene_confirm_replay(pilot: Pilot[object], clock: FixedClock) -> None:
     await pilot.press("d")
     await _wait(pilot, lambda: app.main.query_one(EventTable).mode == "dead_letters", "d")
     await pilot.press("R")
-    await _wait(pilot, lambda: isinstance(app.screen, ConfirmModal), "the dialog")
+    await _dialog(pilot)
 
 
 async def _blocked_key_with_waiting(pilot: Pilot[object]) -> OutboxConsole:
@@ -352,14 +368,16 @@ async def scene_blocked_head_detail(pilot: Pilot[object], clock: FixedClock) -> 
 
 
 async def scene_confirm_skip(pilot: Pilot[object], clock: FixedClock) -> None:
-    app = await _blocked_key_with_waiting(pilot)
+    await _blocked_key_with_waiting(pilot)
     await pilot.press("k")
-    await _wait(pilot, lambda: isinstance(app.screen, ConfirmModal), "the dialog")
+    await _dialog(pilot)
 
 
 async def scene_help(pilot: Pilot[object], clock: FixedClock) -> None:
-    await _first_refresh(pilot)
+    app = await _first_refresh(pilot)
     await pilot.press("question_mark")
+    await _wait(pilot, lambda: isinstance(app.screen, HelpScreen), "the help")
+    await pilot.pause()
 
 
 async def scene_filter(pilot: Pilot[object], clock: FixedClock) -> None:
@@ -396,9 +414,9 @@ async def scene_error_groups(pilot: Pilot[object], clock: FixedClock) -> None:
 
 
 async def scene_confirm_pause(pilot: Pilot[object], clock: FixedClock) -> None:
-    app = await _first_refresh(pilot)
+    await _first_refresh(pilot)
     await pilot.press("p")
-    await _wait(pilot, lambda: isinstance(app.screen, ConfirmModal), "the dialog")
+    await _dialog(pilot)
 
 
 async def _age_oldest_dead_letters(count: int, days: int) -> None:
@@ -423,7 +441,7 @@ async def scene_confirm_replay_dedup(pilot: Pilot[object], clock: FixedClock) ->
     await pilot.press("d")
     await _wait(pilot, lambda: app.main.query_one(EventTable).mode == "dead_letters", "d")
     await pilot.press("R")
-    await _wait(pilot, lambda: isinstance(app.screen, ConfirmModal), "the dialog")
+    await _dialog(pilot)
 
 
 SCENES: dict[str, Callable[[Pilot[object], FixedClock], Awaitable[None]]] = {
