@@ -44,7 +44,7 @@ class Sizes:
     # read 1.33-1.56 at 20,000 and 1.61-1.84 at 100,000; e 1.56-1.62 at 50,000 and
     # 1.70-1.78 at 100,000. c went the other way, 0.73-0.77 at 50,000 and 0.58-0.70 at
     # 100,000: with 100 events per key instead of 50 an ordered row costs PostgreSQL
-    # more (docs/dispatcher.md, "Deeper keys"), an unordered one does not.
+    # more (decision 0031, row c), an unordered one does not.
     io: int = 100_000
     io_sleep_ms: float = 10.0
     io_concurrency: int = 500
@@ -194,9 +194,10 @@ async def io_bound(ctx: Context, sizes: Sizes, *, peer: bool = True) -> dict[str
     of ours against the best of pgqueuer's.
 
     The batch is the one knob both tools share, and the best one is not the same for
-    both: ours ran faster at about twice ``--max-concurrency`` (docs/dispatcher.md),
-    pgqueuer's rate barely moves. Each side gets the same choices, alternated in the
-    same run; which batch won each repeat is in the record and in the notes.
+    both: ours ran faster at about twice ``--max-concurrency`` (docs/dispatcher.md,
+    "Concurrency"), pgqueuer's rate barely moves. Each side gets the same choices,
+    alternated in the same run; which batch won each repeat is in the record and in the
+    notes.
     """
     n, ms = sizes.io, sizes.io_sleep_ms
     title = f"b. drain {n:,} events, handler awaits {ms:g} ms: ours / pgqueuer"

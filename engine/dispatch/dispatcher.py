@@ -28,7 +28,7 @@ from datetime import timedelta
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from engine.clock import Clock, utc_now
-from engine.dispatch.backoff import BackoffPolicy
+from engine.dispatch.backoff import DEFAULT_BACKOFF, BackoffPolicy
 from engine.dispatch.batches import Batches
 from engine.dispatch.claimer import Claimer
 from engine.dispatch.completions import Completions, InDoubt, OutcomeWriter, Unreported
@@ -123,7 +123,7 @@ class OutboxDispatcher:
         self.max_attempts = max_attempts
         self.max_concurrency = max_concurrency
         self.handler_timeout = handler_timeout_seconds
-        self.backoff = backoff or BackoffPolicy()
+        self.backoff = backoff or DEFAULT_BACKOFF
         self.idempotency = idempotency_store or IdempotencyStore(engine, clock=clock)
         self.external_publisher = external_publisher
         self.lock_provider = lock_provider
