@@ -395,10 +395,12 @@ async def write_path(ctx: Context, sizes: Sizes) -> dict[str, Any]:
 
     Beside the two compared, each round has a slot of the row plus a bare ``SELECT 1``
     (``statement``): its cost against the row alone is what any second statement costs
-    on this machine, the floor under an event written by a statement of its own.
+    on this machine, the floor under an event written by a statement of its own. The row
+    alone and with its event are also written through psycopg 3 (``-psycopg``): the
+    same cost per driver, and psycopg's write path against asyncpg's (decision 0035).
     """
     producers, seconds, pairs = sizes.write_producers, sizes.write_seconds, sizes.write_pairs
-    modes = ["outbox", "plain", "statement"]
+    modes = ["outbox", "plain", "statement", "outbox-psycopg", "plain-psycopg"]
     schedule = []
     for n in range(pairs):
         turn = n % len(modes)
@@ -406,17 +408,25 @@ async def write_path(ctx: Context, sizes: Sizes) -> dict[str, Any]:
     runs = await producing.write_schedule(ctx, schedule, producers=producers, seconds=seconds)
     by_mode = {mode: [r for r in runs if r["mode"] == mode] for mode in modes}
     outbox, plain, statement = by_mode["outbox"], by_mode["plain"], by_mode["statement"]
+    psy_outbox, psy_plain = by_mode["outbox-psycopg"], by_mode["plain-psycopg"]
     # A cost: how many times slower the write path gets with the event (lower is better).
     result = ratio(outbox, plain, invert=True)
     floor = side("business row + SELECT 1", statement)
+    psycopg = {
+        "outbox": side("business row + outbox event, psycopg", psy_outbox),
+        "plain": side("business row alone, psycopg", psy_plain),
+        "cost": ratio(psy_outbox, psy_plain, invert=True),
+        "against_asyncpg": ratio(psy_outbox, outbox),
+    }
     return record(
         "h",
         f"h. write path, {producers} producers, durable commits: row alone / row + event "
-        f"(a cost; {pairs} alternations of {seconds:g} s)",
+        f"(a cost; asyncpg; {pairs} alternations of {seconds:g} s)",
         unit="commits/s",
         ours=side("business row + outbox event", outbox),
         peer=side("business row alone", plain),
         second_statement={**floor, **ratio(statement, plain, invert=True)},
+        psycopg=psycopg,
         target="<= 1.2",
         met=met(result["ratio"], "<= 1.2"),
         **result,

@@ -48,6 +48,7 @@ NAMES = {
     "error-groups": "error-groups.svg",
     "confirm-pause": "confirm-pause.svg",
     "confirm-replay-dedup": "confirm-replay-dedup.svg",
+    "catalog": "catalog.svg",
 }
 # At 80x24 too: the terminal operators have.
 SMALL = (80, 24)

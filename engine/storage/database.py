@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event, text
-from sqlalchemy.engine import URL, Dialect, make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import (
     ArgumentError,
     DBAPIError,
@@ -42,12 +42,11 @@ from engine.errors import (
     StorageError,
 )
 from engine.storage.aiosqlite_connect import OneTripConnection, connect_aiosqlite
-
-# Re-exported: callers import the masking from here too (it lived here until it grew).
-from engine.storage.masking import mask_secrets as mask_secrets
-from engine.storage.masking import mask_url as mask_url
-from engine.storage.masking import raw_at_in_password as raw_at_in_password
+from engine.storage.drivers import as_dbapi_error as as_dbapi_error
 from engine.storage.schema import metadata, outbox_events
+from engine.storage.secrets import mask_secrets as mask_secrets
+from engine.storage.secrets import mask_url as mask_url
+from engine.storage.secrets import raw_at_in_password as raw_at_in_password
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./outbox.db"
 # The program the engine's hints name (``outbox_tui.PROG`` is the same name; a test keeps
@@ -63,15 +62,24 @@ _BUSY_TIMEOUT_OPTION = "outbox_busy_timeout"
 # process holds the lock for minutes (SQLite's own wait cannot be interrupted).
 DISPATCHER_BUSY_TIMEOUT_SECONDS = 5.0
 _PROMPT_POLL_SECONDS = 0.001
-_ASYNC_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+asyncpg"}
-_SUPPORTED = ("sqlite+aiosqlite", "postgresql+asyncpg")
+_ASYNC_DRIVERS = {
+    "sqlite": "sqlite+aiosqlite",
+    "postgresql": "postgresql+asyncpg",
+    "postgres": "postgresql+asyncpg",
+    # SQLAlchemy's two names for psycopg 3's async side: one spelling everywhere.
+    "postgresql+psycopg_async": "postgresql+psycopg",
+}
+_SUPPORTED = ("sqlite+aiosqlite", "postgresql+asyncpg", "postgresql+psycopg")
+# What to install for a driver the engine supports but the environment lacks.
+_DRIVER_EXTRAS = {"postgresql+psycopg": "psycopg[binary] (pip install 'outbox-tui[psycopg]')"}
 
 
 def parse_database_url(url: str | URL) -> URL:
     """Parse and normalise a URL to one of the supported async drivers.
 
     ``postgresql://`` and ``sqlite:///`` are accepted and mapped to asyncpg and
-    aiosqlite; anything else is a ``DatabaseUrlError`` naming the problem.
+    aiosqlite; ``postgresql+psycopg://`` is psycopg 3 (async); anything else is a
+    ``DatabaseUrlError`` naming the problem.
     """
     if isinstance(url, str) and raw_at_in_password(url):
         raise DatabaseUrlError(
@@ -87,12 +95,11 @@ def parse_database_url(url: str | URL) -> URL:
     name = parsed.drivername
     if name in _ASYNC_DRIVERS:
         parsed = parsed.set(drivername=_ASYNC_DRIVERS[name])
-    elif name == "postgres":
-        parsed = parsed.set(drivername="postgresql+asyncpg")
     if parsed.drivername not in _SUPPORTED:
         raise DatabaseUrlError(
             f"unsupported database URL scheme {name!r} in {mask_url(parsed)!r}: "
-            "use sqlite+aiosqlite:///path.db or postgresql+asyncpg://user:pass@host/db"
+            "use sqlite+aiosqlite:///path.db, postgresql+asyncpg://user:pass@host/db "
+            "or postgresql+psycopg://user:pass@host/db"
         )
     if parsed.drivername == "postgresql+asyncpg" and "sslmode" in parsed.query:
         # libpq spells it sslmode; asyncpg takes the same values as ssl.
@@ -148,7 +155,13 @@ def create_engine(url: str | URL, **kwargs: Any) -> AsyncEngine:
     # No pool_pre_ping: a ping per checkout is one more round trip on every business
     # transaction. A connection that died with its server fails once, is invalidated by
     # SQLAlchemy, and the run loop and console retry.
-    return create_async_engine(parsed, **kwargs)
+    try:
+        return create_async_engine(parsed, **kwargs)
+    except ImportError as exc:  # the driver of a supported scheme is not installed
+        need = _DRIVER_EXTRAS.get(parsed.drivername, exc.name or "its driver")
+        raise DatabaseUrlError(
+            f"{parsed.drivername} needs {need}, which is not installed ({exc})"
+        ) from None
 
 
 def read_only_engine(engine: AsyncEngine) -> AsyncEngine:
@@ -318,7 +331,7 @@ async def storage_errors(url: str | URL | None = None) -> AsyncIterator[None]:
             f"the database URL has a query parameter its driver does not take: {unknown.group(1)!r}"
         ) from None
     except Exception as exc:  # asyncpg raises its own tree outside SQLAlchemy at connect
-        if type(exc).__module__.startswith(("asyncpg", "sqlite3", "aiosqlite")):
+        if type(exc).__module__.startswith(("asyncpg", "psycopg", "sqlite3", "aiosqlite")):
             raise translate_storage_error(exc, url) from exc
         raise
 
@@ -359,21 +372,3 @@ async def check_schema(engine: AsyncEngine) -> None:
             f"the outbox tables are from an earlier version (missing {', '.join(missing)}); "
             f"upgrade them in place with `{INIT_DB}`"
         )
-
-
-def as_dbapi_error(dialect: Dialect, sql: str, exc: Exception) -> Exception:
-    """``exc`` from asyncpg, called directly, as SQLAlchemy would raise it.
-
-    For the statements the hot paths send straight to the driver (the outbox INSERT,
-    the claim): IntegrityError, ProgrammingError, OperationalError ... as from
-    ``execute``, so callers (and the run loop's storage-error handling) see one kind.
-    Anything the driver's error map does not know (an OSError) is returned as is.
-    """
-    dbapi = dialect.loaded_dbapi
-    translate = getattr(dbapi, "_asyncpg_error_translate", {})
-    for kind in type(exc).__mro__:
-        if kind in translate:
-            orig = translate[kind](exc.args[0] if exc.args else str(exc), exc)
-            error: Exception = DBAPIError.instance(sql, None, orig, dbapi.Error, dialect=dialect)
-            return error
-    return exc

@@ -325,6 +325,11 @@ class MainScreen(DetailHost):
 
         self.app.push_screen(ErrorGroupsScreen(self.console))
 
+    def action_show_catalog(self) -> None:
+        from outbox_tui.screens.catalog import CatalogScreen
+
+        self.app.push_screen(CatalogScreen(self.console))
+
     def action_older_page(self) -> None:
         self.browser.older_page()
 

@@ -42,7 +42,7 @@ def test_smoke_run_reports_every_comparison(pg_url: str, amqp_url: str, tmp_path
     # b must run the dispatcher with --max-concurrency: the harness reads it from its help.
     assert result["machine"]["max_concurrency"] == "has --max-concurrency"
     by_id = {rec["id"]: rec for rec in result["scenarios"]}
-    assert sorted(by_id) == list("abcdefghijk")
+    assert sorted(by_id) == list("abcdefghijklm")
     assert not [rec for rec in result["scenarios"] if rec["status"] == "error"]
 
     for sid in "ab":

@@ -444,6 +444,16 @@ async def scene_confirm_replay_dedup(pilot: Pilot[object], clock: FixedClock) ->
     await _dialog(pilot)
 
 
+async def scene_catalog(pilot: Pilot[object], clock: FixedClock) -> None:
+    """The event catalog (c), with the second type's schemas under the table."""
+    from outbox_tui.screens.catalog import CatalogScreen
+
+    app = await _first_refresh(pilot)
+    await pilot.press("c")
+    await _wait(pilot, lambda: isinstance(app.screen, CatalogScreen), "the catalog")
+    await pilot.press("down")
+
+
 SCENES: dict[str, Callable[[Pilot[object], FixedClock], Awaitable[None]]] = {
     "overview": scene_overview,
     "overview-paused": scene_overview_paused,
@@ -459,6 +469,7 @@ SCENES: dict[str, Callable[[Pilot[object], FixedClock], Awaitable[None]]] = {
     "error-groups": scene_error_groups,
     "confirm-pause": scene_confirm_pause,
     "confirm-replay-dedup": scene_confirm_replay_dedup,
+    "catalog": scene_catalog,
 }
 # The sizes operators have (80x24), the one the screenshots use, and a big terminal.
 SIZES = {"80x24": (80, 24), "160x45": SIZE, "160x48": (160, 48)}

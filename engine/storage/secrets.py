@@ -1,8 +1,8 @@
-"""Passwords out of text: a URL shown with its password masked, and the passwords of the
-URLs a run was given masked wherever they stand alone in a message.
+"""Passwords out of text: URLs masked for display, secrets removed from messages.
 
-Only the password goes: ``postgresql+asyncpg://fv:fv@host/fv`` shows as
-``postgresql+asyncpg://fv:***@host/fv``, the user and the database named like it kept.
+Every line the engine, the CLI and the console show may hold a database or broker URL,
+or a driver's message echoing a password; these functions mask them. Only the password
+goes: ``postgresql+asyncpg://fv:fv@host/fv`` shows as ``postgresql+asyncpg://fv:***@host/fv``.
 """
 
 from __future__ import annotations
