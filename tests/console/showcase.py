@@ -338,6 +338,7 @@ async def scene_confirm_replay(pilot: Pilot[object], clock: FixedClock) -> None:
     app = await _first_refresh(pilot)
     await pilot.press("d")
     await _wait(pilot, lambda: app.main.query_one(EventTable).mode == "dead_letters", "d")
+    await pilot.pause()  # the new columns measured before the dialog covers the table
     await pilot.press("R")
     await _dialog(pilot)
 
@@ -440,6 +441,7 @@ async def scene_confirm_replay_dedup(pilot: Pilot[object], clock: FixedClock) ->
     await _refreshed(pilot)
     await pilot.press("d")
     await _wait(pilot, lambda: app.main.query_one(EventTable).mode == "dead_letters", "d")
+    await pilot.pause()  # the new columns measured before the dialog covers the table
     await pilot.press("R")
     await _dialog(pilot)
 
