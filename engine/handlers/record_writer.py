@@ -9,7 +9,7 @@ everything that arrived while its previous commit ran, as one transaction: on SQ
 thread of its own (engine.storage.sqlite_batches), so no commit waits for the event
 loop's next turn; on PostgreSQL a task on a connection it keeps while records keep
 coming, sending a batch as one pipelined, atomic ``executemany`` on asyncpg (one
-transaction through SQLAlchemy on psycopg). See decision 0036.
+transaction through SQLAlchemy on psycopg). See decision 0037.
 """
 
 from __future__ import annotations

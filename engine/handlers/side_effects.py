@@ -89,7 +89,7 @@ async def run_event_side_effect(
         return succeeded[effect_key]
     # A record from an earlier delivery exists only if there was one: a first attempt of a
     # never-replayed event has none (as for handler runs), so it costs no lookup, and its
-    # handlers take no pooled connection before their calls (see decision 0036).
+    # handlers take no pooled connection before their calls (see decision 0037).
     if envelope.attempt_count > 1 or envelope.replay_count:
         existing = await store.find_side_effect(key)
         if existing is not None and existing.status == SUCCEEDED:

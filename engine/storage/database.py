@@ -28,6 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.util import await_only
 
 from engine.errors import (
+    DatabaseAuthenticationError,
     DatabaseUnavailableError,
     DatabaseUrlError,
     SchemaMissingError,
@@ -211,8 +212,12 @@ def translate_storage_error(exc: BaseException, url: str | URL | None = None) ->
         return SchemaMissingError(
             f"the outbox tables are missing ({first}); create them with `{INIT_DB}`"
         )
+    where = f" at {mask_url(url)}" if url is not None else ""
+    if _is_authentication_error(exc):
+        return DatabaseAuthenticationError(
+            f"the database refused the login{where}: {first} (check the user name and password)"
+        )
     if isinstance(exc, (OSError, ConnectionError, TimeoutError)) or _is_connection_error(exc):
-        where = f" at {mask_url(url)}" if url is not None else ""
         return DatabaseUnavailableError(f"cannot reach the database{where}: {first}")
     if "readonly database" in first:  # SQLite: WAL writes beside the file, even to read
         return StorageError(
@@ -223,6 +228,21 @@ def translate_storage_error(exc: BaseException, url: str | URL | None = None) ->
 
 
 _UNKNOWN_CONNECT_ARGUMENT = re.compile(r"connect\(\) got an unexpected keyword argument '(\w+)'")
+
+
+# PostgreSQL's SQLSTATEs for a refused login: invalid_password, and
+# invalid_authorization_specification (no such role, or pg_hba.conf rejects it).
+_AUTHENTICATION_SQLSTATES = ("28P01", "28000")
+
+
+def _is_authentication_error(exc: BaseException) -> bool:
+    """The server answered, and refused the credentials (not: it could not be reached)."""
+    orig = getattr(exc, "orig", None)
+    code = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+    if code in _AUTHENTICATION_SQLSTATES:
+        return True
+    text_ = str(exc).lower()
+    return "password authentication failed" in text_ or "no pg_hba.conf entry" in text_
 
 
 def _is_connection_error(exc: BaseException) -> bool:
@@ -238,7 +258,6 @@ def _is_connection_error(exc: BaseException) -> bool:
             "could not connect",
             "connection was closed",
             "connection is closed",
-            "password authentication failed",
             "does not exist",
             "name or service not known",
             "timeout",

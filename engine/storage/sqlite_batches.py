@@ -6,7 +6,7 @@ to the thread as they are handed over; the thread commits everything that arrive
 its previous commit ran, so the time from a hand-over to its commit does not wait for
 the event loop's next turn, which a loop running a hundred handlers makes long. The
 write lock is held for the SQL alone, and polled for every millisecond (SQLite's busy
-handler sleeps up to 100 ms between tries, through a free lock). See decision 0036.
+handler sleeps up to 100 ms between tries, through a free lock). See decision 0037.
 """
 
 from __future__ import annotations

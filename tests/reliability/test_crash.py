@@ -296,7 +296,7 @@ LOAD_SOAK = (6000, 80)
 PRODUCER_CHUNK = 10  # events per producer transaction
 # Issue 44's goals are one repeat per kill and a window p99 of 50 ms; on a shared two-core
 # machine the new record path measured 0-1.9 and 23-143 ms, the old one 0.55-27 per kill
-# and 0.35-18 s (decision 0036). The bounds leave room for a loaded machine and still fail
+# and 0.35-18 s (decision 0037). The bounds leave room for a loaded machine and still fail
 # the old path on SQLite; PostgreSQL's old path fails on its lost leases.
 REPEATS_PER_KILL = 6
 SQLITE_WINDOW_P99_MS = 400.0
@@ -337,7 +337,7 @@ async def test_sigkilled_dispatchers_under_load_repeat_at_most_one_call_per_kill
     made it, between the call and its record, and at most a few times per kill; no live
     process loses a lease (records no longer starve completions of SQLite's write lock,
     nor rounds of PostgreSQL's pool); on SQLite the window stays short. The figures are
-    recorded for docs/RELIABILITY.md (decision 0036)."""
+    recorded for docs/RELIABILITY.md (decision 0037)."""
     events, kills = LOAD_SOAK if soak else LOAD_CI
     rng = random.Random(SEED)
     drafts = _load(rng, events)
