@@ -58,6 +58,14 @@ compare keys through the default collation's strcoll. A column with another coll
 outdated (``recollated_columns``); the upgrade changes it in place: no table rewrite,
 but its three key indexes are rebuilt under a lock that blocks writes (0.4 s for
 300,000 keyed rows on the benchmark machine).
+
+Version 0.10 ("The inbox"): ``outbox_events.traceparent`` and ``tracestate`` (W3C trace
+context), and the inbound columns ``inbound_source``, ``inbound_id``, ``inbound_queue``,
+``inbound_attributes`` and ``inbound_body`` (engine.inbox; null on every row written
+before); the unique partial index ``uq_outbox_events_inbound`` on (source, id) that
+refuses a second delivery of an inbound event, and ``ix_outbox_events_inbound_published``
+for the inbound rows' own retention. Both hold no existing row (their predicates need
+``inbound_id``), so on PostgreSQL they are built at once, with no rewrite of the table.
 """
 
 from __future__ import annotations
@@ -82,6 +90,13 @@ ADDED_COLUMNS = (
     ("outbox_events", "ordering_key"),
     ("outbox_events", "seq"),
     ("outbox_events", "skipped_at"),
+    ("outbox_events", "traceparent"),
+    ("outbox_events", "tracestate"),
+    ("outbox_events", "inbound_source"),
+    ("outbox_events", "inbound_id"),
+    ("outbox_events", "inbound_queue"),
+    ("outbox_events", "inbound_attributes"),
+    ("outbox_events", "inbound_body"),
     ("outbox_replay_log", "action"),
 )
 # Replaced by ix_outbox_events_unordered and ix_outbox_events_leased (now on locked_by),
