@@ -206,7 +206,7 @@ MALFORMED = [
         "binary mode, a header that is not UTF-8",
         encoded({"order_id": "o-1"}),
         content_type="application/json",
-        headers={**binary_headers("bad-header"), "ce-subject": b"\xff\xfe"},
+        headers={**binary_headers("bad-header"), "ce-subject": bytearray(b"\xff\xfe")},
         reason="is not UTF-8 text",
     ),
     Case(
