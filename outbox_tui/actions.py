@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 
 VIEWS, FILTER, ACT, CONSOLE = "Views", "Filter", "Act", "Console"
 GROUPS = (VIEWS, FILTER, ACT, CONSOLE)
@@ -258,27 +258,21 @@ ACTIONS: tuple[ConsoleAction, ...] = (
 )
 
 
-def bindings(*, app: bool) -> list[Binding]:
+def bindings(*, app: bool) -> list[BindingType]:
     """The key bindings of the main screen (``app=False``) or of the app, in footer order.
 
     The main screen binds the app's keys too (as ``app.help``, ``app.quit``): a footer
     lists the focused screen's keys before the app's, so this keeps them in their place.
     """
-    rows = [
-        a
-        for a in ACTIONS
-        if a.action is not None and a.key is not None and (not app or a.action.startswith("app."))
-    ]
-    rows.sort(key=lambda a: (a.footer is None, a.footer or 0))
+    bound: list[tuple[ConsoleAction, str, str]] = []  # (row, key, action)
+    for a in ACTIONS:
+        if a.action is None or a.key is None or (app and not a.action.startswith("app.")):
+            continue
+        bound.append((a, a.key, a.action.removeprefix("app.") if app else a.action))
+    bound.sort(key=lambda row: (row[0].footer is None, row[0].footer or 0))
     return [
-        Binding(
-            a.key,  # type: ignore[arg-type]
-            a.action.removeprefix("app.") if app else a.action,  # type: ignore[union-attr]
-            a.label,
-            show=a.footer is not None,
-            id=a.binding_id,
-        )
-        for a in rows
+        Binding(key, action, a.label, show=a.footer is not None, id=a.binding_id)
+        for a, key, action in bound
     ]
 
 

@@ -126,7 +126,7 @@ class OutboxConsole(App[int]):
         return asyncio.shield(task)
 
     def get_default_screen(self) -> MainScreen:
-        self._main = MainScreen()
+        self._main = MainScreen(self)
         return self._main
 
     async def on_mount(self) -> None:

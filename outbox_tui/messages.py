@@ -164,3 +164,16 @@ class ActionFailed(Message):
         super().__init__()
         self.what = what
         self.error = error
+
+
+class WorkerFailed(Message):
+    """A screen part's worker ended with an unexpected error (a bug, not an engine error).
+
+    Posted by the part, it bubbles to the screen, which shows it (Textual's own
+    ``Worker.StateChanged`` does not leave the node that ran the worker).
+    """
+
+    def __init__(self, group: str, error: BaseException | None) -> None:
+        super().__init__()
+        self.group = group
+        self.error = error

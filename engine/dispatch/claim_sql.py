@@ -386,6 +386,8 @@ CLAIM_RETURNS = (
     "max_attempts",
     "replay_count",
     "created_at",
+    "causation_id",
+    "correlation_id",
 )
 
 

@@ -98,7 +98,9 @@ class ClaimedRow:
         return decode_stored(self.raw_payload)
 
 
-OutcomeKind = Literal["published", "failed", "dead_letter", "unattempted"]
+# "completed": published by a transactional handler's own transaction (nothing left to
+# write); "lost": that transaction found the claim gone and rolled back.
+OutcomeKind = Literal["published", "completed", "failed", "dead_letter", "unattempted", "lost"]
 
 
 @dataclass(slots=True)  # not frozen: one per event, and a frozen field costs more to set

@@ -91,18 +91,24 @@ class OutcomeWriter:
         for o in outcomes:
             if o.kind == "published":
                 wins.append((o.row.event_id, o.row.claim_version))
+            elif o.kind == "completed":
+                published += 1
+            elif o.kind == "lost":
+                lost += 1
             elif o.kind == "unattempted":
                 untouched.append((o.row.event_id, o.row.claim_version))
             else:
                 setbacks.append(o)
                 if o.runs:
                     runs.extend(o.runs)
+        if not (wins or untouched or setbacks):  # all written by transactional handlers
+            return DispatchResult(0, published, 0, 0, lost)
         budget = self.decoder.budget
         async with self.engine.begin() as conn:
             now = self.clock()
             fence = fenced_writes.Fence(self.dispatcher_id, now)
             done = await fenced_writes.mark_published(conn, wins, fence)
-            published = len(done)
+            published += len(done)
             if published < len(wins):
                 lost += len(wins) - published
                 runs.extend(successes_refused(outcomes, done))
@@ -219,7 +225,7 @@ class Completions:
 
     def add(self, outcome: Outcome) -> None:
         self._outcomes.append(outcome)
-        if outcome.kind != "published":
+        if outcome.kind != "published" and outcome.kind != "completed":
             self.setbacks += 1
         if self._first_problem is None and outcome.kind in ("failed", "dead_letter"):
             self._first_problem = outcome

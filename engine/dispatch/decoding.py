@@ -112,6 +112,8 @@ class Decoder:
             claim_version,
             replays,
             raw,
+            values["causation_id"],
+            values["correlation_id"],
         )
 
     def _decode(self, row: ClaimedRow) -> tuple[EventEnvelope | None, str]:

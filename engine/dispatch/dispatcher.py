@@ -37,6 +37,7 @@ from engine.dispatch.delivery import LocalDelivery
 from engine.dispatch.handlers import HandlerRunner
 from engine.dispatch.relaying import Relaying
 from engine.dispatch.round import RoundLimits, Rounds, RoundsBehind
+from engine.dispatch.transactions import HandlerTransactions
 from engine.dispatch.types import (
     DispatchObserver,
     DispatchResult,
@@ -48,7 +49,9 @@ from engine.handlers.idempotency import IdempotencyStore
 from engine.storage.database import (
     DISPATCHER_BUSY_TIMEOUT_SECONDS,
     mask_secrets,
+    mask_url,
     read_only_engine,
+    same_database,
     waiting_at_most,
 )
 from engine.writing.registry import EventRegistry
@@ -136,7 +139,23 @@ class OutboxDispatcher:
             and lock_provider is None
             and external_publisher is None
         )
+        self._refuse_another_database()
         self._build_parts()
+
+    def _refuse_another_database(self) -> None:
+        """Transactional handlers commit on this dispatcher's database: refuse to start
+        on another one than the database their app declared (``expect_database``)."""
+        expected = self.registry.expected_database
+        if expected is None or self.external_publisher is not None:
+            return
+        if not any(h.transactional for h in self.registry.all_handlers()):
+            return
+        if not same_database(expected, self.engine.url):
+            raise ConfigurationError(
+                f"the transactional handlers write to {mask_url(expected)}, but this "
+                f"dispatcher runs on {mask_url(self.engine.url)}: their writes must commit "
+                "in the outbox's own database (run the dispatcher there)"
+            )
 
     def _build_parts(self) -> None:
         """The pieces a round is made of, each handed only what it uses."""
@@ -169,10 +188,18 @@ class OutboxDispatcher:
         )
         local = None
         if self._relaying is None:
+            transactions = HandlerTransactions(
+                self.engine,
+                self.registry,
+                self.idempotency,
+                dispatcher_id=self.dispatcher_id,
+                clock=self.clock,
+            )
             runner = HandlerRunner(
                 self.registry,
                 self.idempotency,
                 reader,
+                transactions,
                 clock=self.clock,
                 handler_timeout=self.handler_timeout,
                 start_budget=self.start_budget,

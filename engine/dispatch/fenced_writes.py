@@ -171,6 +171,19 @@ async def mark_published(
     return set((await conn.execute(stmt)).scalars())
 
 
+async def hold(conn: AsyncConnection, event_id: str, claim_version: int, fence: Fence) -> bool:
+    """Whether the claim still holds; if so, its row stays locked until ``conn``'s
+    transaction ends (PostgreSQL; SQLite's write lock already keeps every other writer
+    out), so no other dispatcher can take the event over before that transaction commits.
+    """
+    stmt = (
+        select(t.c.id)
+        .where(t.c.id == event_id, t.c.claim_version == claim_version, _held(fence))
+        .with_for_update()
+    )
+    return (await conn.execute(stmt)).first() is not None
+
+
 async def mark_failed(
     conn: AsyncConnection,
     event_id: str,

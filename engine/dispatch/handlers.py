@@ -11,6 +11,7 @@ import asyncio
 import logging
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
+from typing import cast
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -18,10 +19,11 @@ from engine.clock import Clock
 from engine.context import _handler_invocation, _task_context
 from engine.dispatch.claimed import ClaimedRow, Outcome
 from engine.dispatch.handler_timeouts import HandlerTimedOut, HandlerTimeouts
+from engine.dispatch.transactions import Committed, HandlerTransactions
 from engine.errors import EventHandlerPermanentError
 from engine.handlers.idempotency import HandlerRunRecord, IdempotencyStore
 from engine.writing.envelope import EventEnvelope
-from engine.writing.registry import EventRegistry, RegisteredHandler
+from engine.writing.registry import EventRegistry, Handler, RegisteredHandler
 
 log = logging.getLogger("engine.dispatcher")
 
@@ -46,7 +48,8 @@ def runs_until(
 
 
 class HandlerRunner:
-    """Runs the handlers ``registry`` has for an event; records nothing itself.
+    """Runs the handlers ``registry`` has for an event. It records nothing itself, but
+    for transactional handlers, whose ``transactions`` commit their own records.
 
     ``start_budget`` and ``lease`` only word the error of a handler that did not start.
     """
@@ -56,6 +59,7 @@ class HandlerRunner:
         registry: EventRegistry,
         idempotency: IdempotencyStore,
         reader: AsyncEngine,
+        transactions: HandlerTransactions,
         *,
         clock: Clock,
         handler_timeout: float,
@@ -65,6 +69,7 @@ class HandlerRunner:
         self.registry = registry
         self.idempotency = idempotency
         self._reader = reader
+        self.transactions = transactions
         self.clock = clock
         self.handler_timeout = handler_timeout
         self.start_budget = start_budget
@@ -113,7 +118,21 @@ class HandlerRunner:
                     (envelope, registered.key, self.idempotency)
                 )
                 try:
-                    await timeouts.run(registered.handler(envelope), worker)
+                    if not registered.transactional:
+                        await timeouts.run(cast(Handler, registered.handler)(envelope), worker)
+                    else:
+                        committed = await self.transactions.run(
+                            registered,
+                            envelope,
+                            row,
+                            timeouts,
+                            worker,
+                            completes_event=len(handlers) == 1,
+                        )
+                        if committed is Committed.EVENT:
+                            return Outcome(row, "completed", ran=handlers)
+                        if committed is Committed.NOTHING:
+                            return Outcome(row, "lost")
                 except EventHandlerPermanentError as exc:
                     error = f"permanent: {registered.key}: {exc}"
                     runs = runs_until(event_id, handlers, registered.key, error)

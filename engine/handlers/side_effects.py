@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from engine.context import current_handler
 from engine.errors import OutboxError
@@ -17,6 +17,20 @@ T = TypeVar("T")
 _recording: set[asyncio.Future[None]] = set()
 
 
+@overload
+async def run_event_side_effect(
+    effect_key: str, fn: Callable[[], Awaitable[T]], *, request_payload: Any = None
+) -> T | Any: ...
+
+
+@overload
+async def run_event_side_effect(
+    effect_key: str, fn: Callable[[], T], *, request_payload: Any = None
+) -> T | Any: ...
+
+
+# Overloads, not one ``Callable[[], Awaitable[T] | T]``: with that union mypy solved T
+# as Never for an async ``fn`` and refused the call.
 async def run_event_side_effect(
     effect_key: str,
     fn: Callable[[], Awaitable[T] | T],

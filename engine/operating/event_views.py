@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, and_, literal, or_, text
+from sqlalchemy import ColumnElement, Select, and_, literal, or_, select, text
 
 from engine.errors import ConfigurationError
 from engine.operating.dispatch_health import KEY_UNFINISHED
@@ -97,6 +97,14 @@ class EventDetail:
     side_effects: Sequence[Mapping[str, Any]] = field(default_factory=tuple)
     # Undelivered events of the same ordering key written before this one (None: unordered).
     earlier_in_key: int | None = None
+    # The events of its chain in write order (its first event and every event caused by
+    # it, directly or not), at most CHAIN_LIMIT; one event alone is a chain of one.
+    chain: Sequence[Mapping[str, Any]] = field(default_factory=tuple)
+
+    @property
+    def chain_id(self) -> str:
+        """The first event of this event's chain."""
+        return str(self.columns.get("correlation_id") or self.columns["id"])
 
     @property
     def trace_id(self) -> str | None:
@@ -174,3 +182,17 @@ def filtered(stmt: Select[Any], flt: EventFilter) -> Select[Any]:
     if flt.ordering_key:
         stmt = stmt.where(t.c.ordering_key == flt.ordering_key, KEY_UNFINISHED)
     return stmt
+
+
+# Events of one chain an event detail lists at most.
+CHAIN_LIMIT = 50
+
+
+def chain_statement(chain_id: str) -> Select[Any]:
+    """A chain's events in write order: its first event and the ones correlated to it."""
+    return (
+        select(t.c.id, t.c.event_type, t.c.status, t.c.causation_id, t.c.created_at)
+        .where(or_(t.c.id == chain_id, t.c.correlation_id == chain_id))
+        .order_by(t.c.seq)
+        .limit(CHAIN_LIMIT)
+    )

@@ -52,6 +52,7 @@ from engine.operating.event_views import (
     EventPage,
     EventSummary,
     MatchSummary,
+    chain_statement,
     filtered,
     status_clause,
 )
@@ -358,6 +359,7 @@ class OutboxInsights:
             earlier = None
             if row["ordering_key"] is not None:
                 earlier = await key_count(conn, row["ordering_key"], t.c.seq < row["seq"])
+            chain = await _all(conn, chain_statement(row["correlation_id"] or row["id"]))
         values = dict(row)
         payload: Any = values.pop("payload")
         payload_error = None
@@ -368,7 +370,7 @@ class OutboxInsights:
                 payload_error = f"corrupt payload: {exc}"
             except RecursionError:
                 payload_error = f"corrupt payload: {PAYLOAD_TOO_DEEP}"
-        return EventDetail(values, payload, payload_error, replays, runs, effects, earlier)
+        return EventDetail(values, payload, payload_error, replays, runs, effects, earlier, chain)
 
 
 def stuck_statement(now: datetime) -> Select[Any]:

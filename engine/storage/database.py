@@ -18,6 +18,7 @@ import sqlite3
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event, text
@@ -109,6 +110,20 @@ def _in_memory(url: URL) -> bool:
         return True
     uri = url.query.get("uri") in ("true", "1")
     return uri and database.startswith("file::memory:")
+
+
+def same_database(a: URL, b: URL) -> bool:
+    """Whether two URLs name one database, whatever the driver, user or password: the
+    same server and database name, or the same SQLite file."""
+    if a.get_backend_name() != b.get_backend_name():
+        return False
+    if a.get_backend_name() == "sqlite":
+        return Path(a.database or "").resolve() == Path(b.database or "").resolve()
+    return (a.host or "localhost", a.port or 5432, a.database) == (
+        b.host or "localhost",
+        b.port or 5432,
+        b.database,
+    )
 
 
 def mask_url(url: str | URL) -> str:

@@ -59,6 +59,10 @@ outdated (``recollated_columns``); the upgrade changes it in place: no table rew
 but its three key indexes are rebuilt under a lock that blocks writes (0.4 s for
 300,000 keyed rows on the benchmark machine).
 
+Version 0.9 ("Exactly-once effects"): ``outbox_events.causation_id`` and
+``correlation_id`` (the event whose handler published a row, and the first event of its
+chain), and the partial index ``ix_outbox_events_correlation`` that lists a chain.
+
 Version 0.10 ("The inbox"): ``outbox_events.traceparent`` and ``tracestate`` (W3C trace
 context), and the inbound columns ``inbound_source``, ``inbound_id``, ``inbound_queue``,
 ``inbound_attributes`` and ``inbound_body`` (engine.inbox; null on every row written
@@ -90,6 +94,8 @@ ADDED_COLUMNS = (
     ("outbox_events", "ordering_key"),
     ("outbox_events", "seq"),
     ("outbox_events", "skipped_at"),
+    ("outbox_events", "causation_id"),
+    ("outbox_events", "correlation_id"),
     ("outbox_events", "traceparent"),
     ("outbox_events", "tracestate"),
     ("outbox_events", "inbound_source"),

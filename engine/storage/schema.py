@@ -182,6 +182,10 @@ outbox_events = Table(
     # Set when a dead letter stops holding back the later events of its key (the event
     # type's ``skip`` policy, or an operator's ``dead-letter skip``).
     Column("skipped_at", UtcDateTime(), nullable=True),
+    # The event whose handler published this one, and the first event of its chain
+    # (null on the first event itself): how an event chain is followed.
+    Column("causation_id", String(200), nullable=True),
+    Column("correlation_id", String(200), nullable=True),
     # W3C trace context of the event (an inbound event's, from its CloudEvents
     # ``traceparent`` and ``tracestate``), so a tracer can continue the trace.
     Column("traceparent", String(TRACEPARENT_LENGTH), nullable=True),
@@ -274,6 +278,14 @@ Index(
     outbox_events.c.event_type,
     outbox_events.c.seq,
     **_where(WAITING_PREDICATE, UNORDERED_PREDICATE),
+)
+# An event chain: the events a first event caused, directly or not. Partial: a first
+# event, which has no correlation id, writes no entry.
+Index(
+    "ix_outbox_events_correlation",
+    outbox_events.c.correlation_id,
+    outbox_events.c.seq,
+    **_where("correlation_id IS NOT NULL"),
 )
 # Indexes only one dialect gets (ddl_if): PostgreSQL's ordered claim reads one index
 # where SQLite's reads two. ``indexes_for`` lists what a database of a dialect should have.

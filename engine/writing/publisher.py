@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 
 from engine.clock import Clock, as_utc, uuid7
 from engine.clock import utc_now as _utc_now
-from engine.context import TaskContext, current_task_context
+from engine.context import TaskContext, _handler_invocation, current_task_context
 from engine.errors import EventValidationError, OutboxTransactionError
 from engine.storage.database import as_dbapi_error
 from engine.storage.schema import outbox_events
@@ -33,8 +33,8 @@ from engine.writing.registry import EventRegistry, check_ordering_key
 
 _INSERT = insert(outbox_events)
 _BIND = {"clause": _INSERT}  # the bind session.execute(_INSERT) would pick
-_SESSION_CONTEXT = "outbox_task_context"
-_SESSION_REGISTRY = "outbox_registry"
+SESSION_CONTEXT = "outbox_task_context"
+SESSION_REGISTRY = "outbox_registry"
 # Set once the session wrote outbox rows; commit hooks (engine.running.wakeup) read and clear it.
 SESSION_EVENTS_WRITTEN = "outbox_events_written"
 
@@ -68,7 +68,7 @@ class OutboxEventPublisher:
         *,
         clock: Clock = _utc_now,
     ) -> None:
-        registry = registry or session.info.get(_SESSION_REGISTRY)
+        registry = registry or session.info.get(SESSION_REGISTRY)
         if registry is None:
             raise OutboxTransactionError(
                 "OutboxEventPublisher needs an EventRegistry (pass one, or open the "
@@ -118,7 +118,7 @@ class OutboxEventPublisher:
                 "outbox events must be published inside an active transaction: "
                 "use `async with unit_of_work(...) as session`"
             )
-        context = self._session.info.get(_SESSION_CONTEXT) or current_task_context()
+        context = self._session.info.get(SESSION_CONTEXT) or current_task_context()
         rows = [self._row(event, context) for event in events]
         if not rows:
             return []
@@ -182,6 +182,11 @@ class OutboxEventPublisher:
             row["ordering_key"] = self._registry.ordering_key_for(
                 event.event_type, event.aggregate_type, str(event.aggregate_id), payload
             )
+        invocation = _handler_invocation.get()
+        if invocation is not None:  # published by a handler: the next link of its chain
+            cause = invocation[0]
+            row["causation_id"] = cause.event_id
+            row["correlation_id"] = cause.correlation_id or cause.event_id
         return row
 
 

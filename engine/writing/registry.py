@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
+
+from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from engine.errors import (
     EventRegistrationError,
@@ -18,9 +21,12 @@ from engine.errors import (
     TenantMismatchError,
     UnknownEventTypeError,
 )
+from engine.handlers.transactional import TransactionalHandler, check_signature
+from engine.storage.database import parse_database_url
 from engine.writing.envelope import EventEnvelope
 
 Handler = Callable[[EventEnvelope], Awaitable[Any]]
+AnyHandler = TypeVar("AnyHandler", bound=Callable[..., Awaitable[Any]])
 ReadyHook = Callable[[], Awaitable[None]]
 FieldType = type | tuple[type, ...]
 SubjectSelector = Callable[[Any], str]
@@ -107,9 +113,13 @@ _CONTEXT_SPEC = EventSchemaSpec(CONTEXT_FIELDS, OPTIONAL_CONTEXT_FIELDS)
 
 @dataclass(frozen=True, slots=True)
 class RegisteredHandler:
+    """A handler under its stable key; a ``transactional`` one takes ``(envelope, session)``
+    (``engine.handlers.transactional``)."""
+
     event_type: str
     key: str
-    handler: Handler
+    handler: Handler | TransactionalHandler
+    transactional: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +171,7 @@ class EventRegistry:
         self._domain_events: dict[type, DomainEventMapping] = {}
         self._ordering: dict[str, Ordering] = {}
         self._ready_hooks: list[ReadyHook] = []
+        self.expected_database: URL | None = None
 
     # -- event types -----------------------------------------------------
     def register_event(
@@ -289,11 +300,21 @@ class EventRegistry:
         return ordering.on_dead_letter if ordering is not None else "block"
 
     # -- handlers ---------------------------------------------------------
-    def register_handler(self, event_type: str, handler: Handler, *, key: str) -> None:
+    def register_handler(
+        self,
+        event_type: str,
+        handler: Handler | TransactionalHandler,
+        *,
+        key: str,
+        transactional: bool = False,
+    ) -> None:
         """Attach ``handler`` to ``event_type`` under a stable ``key``.
 
         The key names the handler in idempotency records, so it must not change
-        between deployments (renaming it makes a replay re-run the handler).
+        between deployments (renaming it makes a replay re-run the handler). With
+        ``transactional=True`` the handler is called as ``handler(envelope, session)``
+        and its writes through ``session`` commit with its run record and the events it
+        publishes (``engine.handlers.transactional``).
         """
         if not key:
             raise EventRegistrationError("a handler needs a stable, non-empty key")
@@ -306,16 +327,28 @@ class EventRegistry:
             raise EventRegistrationError(
                 f"handler key {key!r} is registered twice for {event_type}"
             )
-        self._handlers[event_type] = (*existing, RegisteredHandler(event_type, key, handler))
+        check_signature(event_type, key, handler, transactional)
+        registered = RegisteredHandler(event_type, key, handler, transactional)
+        self._handlers[event_type] = (*existing, registered)
 
-    def handler(self, event_type: str, *, key: str) -> Callable[[Handler], Handler]:
+    def handler(
+        self, event_type: str, *, key: str, transactional: bool = False
+    ) -> Callable[[AnyHandler], AnyHandler]:
         """Decorator form of ``register_handler``."""
 
-        def decorate(fn: Handler) -> Handler:
-            self.register_handler(event_type, fn, key=key)
+        def decorate(fn: AnyHandler) -> AnyHandler:
+            self.register_handler(event_type, fn, key=key, transactional=transactional)
             return fn
 
         return decorate
+
+    def expect_database(self, database: str | URL | AsyncEngine) -> None:
+        """Declare the database this app's transactional handlers write to (its business
+        tables): a dispatcher on another database refuses to start, since their writes
+        could not commit with the outbox's records."""
+        self.expected_database = parse_database_url(
+            database.url if isinstance(database, AsyncEngine) else database
+        )
 
     # -- start-up -------------------------------------------------------
     def on_ready(self, hook: ReadyHook) -> ReadyHook:

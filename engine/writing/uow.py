@@ -21,8 +21,8 @@ from engine.writing.domain import (
     tracked_aggregates,
 )
 from engine.writing.publisher import (
-    _SESSION_CONTEXT,
-    _SESSION_REGISTRY,
+    SESSION_CONTEXT,
+    SESSION_REGISTRY,
     OutboxEvent,
     OutboxEventPublisher,
 )
@@ -86,8 +86,8 @@ async def unit_of_work(
             raise
         return
     session = AsyncSession(engine, expire_on_commit=False)
-    session.info[_SESSION_REGISTRY] = registry
-    session.info[_SESSION_CONTEXT] = context
+    session.info[SESSION_REGISTRY] = registry
+    session.info[SESSION_CONTEXT] = context
     unit = _ActiveUnit(engine, session, _current_task())
     unit_token = _active_unit.set(unit)
     context_token = _task_context.set(context) if context is not None else None
@@ -99,7 +99,7 @@ async def unit_of_work(
                     "an inner unit_of_work failed, so the whole transaction was rolled back "
                     "(its writes and events are not committed)"
                 )
-            aggregates = await _write_domain_events(session, registry, context)
+            aggregates = await write_domain_events(session, registry, context)
         for aggregate in aggregates:
             aggregate.clear_domain_events()
     finally:
@@ -110,9 +110,11 @@ async def unit_of_work(
         await session.close()
 
 
-async def _write_domain_events(
+async def write_domain_events(
     session: AsyncSession, registry: EventRegistry | None, context: TaskContext | None
 ) -> list[AggregateRoot]:
+    """Write the events that aggregates in ``session`` recorded as outbox rows; returns
+    those aggregates, whose buffers the caller clears once the transaction committed."""
     sync = session.sync_session
     seen: dict[int, Any] = {}
     candidates = (*sync.new, *sync.identity_map.values(), *sync.deleted, *tracked_aggregates(sync))

@@ -91,8 +91,10 @@ def _options(parser: argparse.ArgumentParser) -> set[str]:
     return {option for action in parser._actions for option in action.option_strings}
 
 
-def _parsers(parser: argparse.ArgumentParser, path: str) -> Iterator[tuple[str, Parser]]:
-    yield path, parser  # type: ignore[misc]
+def _parsers(
+    parser: argparse.ArgumentParser, path: str
+) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    yield path, parser
     for name, child in _subcommands(parser).items():
         yield from _parsers(child, f"{path} {name}".strip())
 
@@ -168,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     status = run_guarded(resolved, fallback)
     if inv is None:
         return status
-    return run_guarded(lambda: _run(inv), inv.out)  # type: ignore[arg-type]
+    return run_guarded(lambda: _run(inv), inv.out)
 
 
 def _run(inv: Invocation) -> int:

@@ -237,6 +237,8 @@ class Invocation:
 
 def redacting_output(redact: Redactor, *, json_mode: bool) -> Output:
     """The command's output on stdout and stderr, with ``redact``'s secrets masked."""
+    # RedactingStream has what Output and Rich's Console call on a stream (write, flush,
+    # isatty, fileno, encoding), not all of typeshed's TextIO, which Rich's ``file`` takes.
     return Output(
         json_mode=json_mode,
         stdout=RedactingStream(sys.stdout, redact),  # type: ignore[arg-type]

@@ -1,27 +1,46 @@
-"""The event browser: views (events, dead letters, blocked keys), paging, filter, detail.
+"""The event browser: the list box of the main screen, with its views (events, dead
+letters, blocked keys), keyset paging and filter.
 
-Part of ``MainScreen``; it loads pages through ``OutboxInsights`` in workers and
-keeps, per view, its filter and keyset cursors (``ViewState``).
+It keeps, per view, its filter and keyset cursors (``ViewState``) and loads a page in a
+worker when the view changes; ``MainScreen``'s refresh brings the page of the current
+view too (``fetch``, ``polled``). It tells its screen through ``detail_open`` whether
+the detail is open (the list then keeps its cursor on the event being read) and calls
+``shown`` after every page it shows (the screen's footer follows the list).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from datetime import datetime
+from typing import TYPE_CHECKING
 
 from textual import on, work
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.content import Content
 from textual.coordinate import Coordinate
-from textual.widgets import DataTable
+from textual.reactive import reactive
+from textual.widgets import Static
+from textual.worker import Worker, WorkerState
 
 from engine.errors import OutboxError
-from engine.operating.insights import BlockedKey, EventFilter, EventPage, EventSummary
+from engine.operating.insights import (
+    BlockedKey,
+    EventFilter,
+    EventPage,
+    EventSummary,
+    OverviewSnapshot,
+)
 from engine.storage.schema import DEAD_LETTER
-from outbox_tui.messages import BlockedPage, PageLoaded, PollFailed, ViewPage
-from outbox_tui.screens.detail_host import DetailHost
+from outbox_tui.messages import BlockedPage, PageLoaded, PollFailed, ViewPage, WorkerFailed
 from outbox_tui.screens.filter import FilterModal
 from outbox_tui.widgets.blocked_keys import BlockedKeysTable
 from outbox_tui.widgets.event_table import EventTable
 from outbox_tui.widgets.format import one_line
+
+if TYPE_CHECKING:
+    from outbox_tui.app import OutboxConsole
 
 EVENTS, DEAD_LETTERS, BLOCKED = "events", "dead_letters", "blocked_keys"
 
@@ -101,21 +120,73 @@ def list_titles(
     return title, " · ".join([f"{len(page.events)} shown", *hints])
 
 
-class EventBrowser(DetailHost):
-    """Views, paging, the filter and the detail pane of the main screen."""
+class EventBrowser(Vertical):
+    """The list box: one view's page at a time, the view's title and what is highlighted."""
 
-    # -- views, paging, filter ----------------------------------------------------------
+    mode: reactive[str] = reactive(EVENTS, bindings=True)
+
+    def __init__(
+        self,
+        console: OutboxConsole,
+        *,
+        detail_open: Callable[[], bool],
+        shown: Callable[[], None],
+        id: str | None = None,
+    ) -> None:
+        super().__init__(id=id)
+        self.console = console
+        self._detail_open = detail_open
+        self._shown = shown
+        self.views = {mode: ViewState(mode) for mode in (EVENTS, DEAD_LETTERS, BLOCKED)}
+        self.generation = 0  # bumped by every change of view: older pages are dropped
+        self.pages = 0  # pages loaded by navigation (filter, view, paging; tests wait on it)
+        self._snapshot: OverviewSnapshot | None = None  # the last refresh's
+        self._titles_shown: tuple[str, str] | None = None
+
+    @property
+    def view(self) -> ViewState:
+        return self.views[self.mode]
+
+    def compose(self) -> ComposeResult:
+        yield EventTable(id="events")
+        keys = BlockedKeysTable(id="blocked-keys")
+        keys.display = False
+        yield keys
+        yield Static("", id="empty-list")
+
+    def on_mount(self) -> None:
+        self._update_titles(None)
+
+    # -- pages ----------------------------------------------------------------------------
+
+    async def fetch(self, view: ViewState) -> ViewPage:
+        """The rows ``view`` shows now: a page of events, or the blocked keys."""
+        console = self.console
+        if view.mode == BLOCKED:
+            keys = await console.db(console.insights.blocked_keys(limit=console.config.page_size))
+            return BlockedPage(tuple(keys))
+        return await console.db(
+            console.insights.events_page(
+                view.query_filter, limit=console.config.page_size, before=view.before
+            )
+        )
+
+    def polled(self, snapshot: OverviewSnapshot, page: ViewPage, generation: int) -> None:
+        """A refresh answered: show its page unless the view changed since it asked."""
+        self._snapshot = snapshot
+        if generation == self.generation:
+            self._show_page(page, snapshot.taken_at)
 
     def _view_changed(self) -> None:
         """Filter, view or page changed: load just that page now (the counts can wait)."""
-        self._generation += 1
+        self.generation += 1
         self._update_titles(None)
-        self._load_page(self._generation)
+        self._load_page(self.generation)
 
     @work(exclusive=True, group="page", exit_on_error=False)
     async def _load_page(self, generation: int) -> None:
         try:
-            page = await self._fetch(self.view)
+            page = await self.fetch(self.view)
         except OutboxError as exc:
             self.post_message(PollFailed(one_line(exc)))
         else:
@@ -123,24 +194,66 @@ class EventBrowser(DetailHost):
 
     @on(PageLoaded)
     def _page_loaded(self, message: PageLoaded) -> None:
-        if message.generation != self._generation:
+        if message.generation != self.generation:
             return  # the operator moved on; a newer load is on its way
-        snap = self.last_snapshot
-        self._show_page(message.page, snap.taken_at if snap else self.console_app.clock())
+        snap = self._snapshot
+        self._show_page(message.page, snap.taken_at if snap else self.console.clock())
         self.pages += 1
 
-    def action_show_events(self) -> None:
-        self._switch(EVENTS)
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        if event.state == WorkerState.ERROR:  # the screen shows it
+            self.post_message(WorkerFailed(event.worker.group, event.worker.error))
 
-    def action_show_dead_letters(self) -> None:
-        self._switch(DEAD_LETTERS)
+    def _show_page(self, page: ViewPage, now: datetime) -> None:
+        view = self.view
+        empty = self.query_one("#empty-list", Static)
+        if isinstance(page, BlockedPage):
+            view.has_more = False
+            self.query_one(BlockedKeysTable).show(page.keys)
+            empty.display = not page.keys
+            empty.update(
+                Content(
+                    "No blocked keys: no ordering key is held back by a failed or "
+                    "dead-lettered event."
+                )
+            )
+        else:
+            view.has_more = page.has_more
+            table = self.query_one(EventTable)
+            table.show(self.mode, page.events, now, follow_head=not self._detail_open())
+            empty.display = not page.events
+            if not page.events:
+                what = "dead letters" if self.mode == DEAD_LETTERS else "events"
+                described = view.describe()
+                hint = "" if described.startswith("all ") else " Press / to change the filter."
+                empty.update(Content(f"No {what} match {described}.{hint}"))
+        self._update_titles(page)
+        self._shown()
 
-    def action_show_blocked_keys(self) -> None:
-        self._switch(BLOCKED)
+    def _update_titles(self, page: ViewPage | None) -> None:
+        blocked = self._snapshot.blocked_keys if self._snapshot else None
+        titles = list_titles(self.mode, self.view, page, blocked)
+        # Setting a border title repaints the whole box, the event table's rows included:
+        # a refresh that changes neither title leaves them as they are.
+        if titles != self._titles_shown:
+            self._titles_shown = titles
+            self.border_title, self.border_subtitle = (Content(t) for t in titles)
 
-    def action_show_key_events(self) -> None:
+    # -- views, paging, filter ------------------------------------------------------------
+
+    def switch(self, mode: str) -> None:
+        """Show the view ``mode`` (events, dead letters or blocked keys)."""
+        if self.mode != mode:
+            self.mode = mode
+            blocked = mode == BLOCKED
+            self.query_one(EventTable).display = not blocked
+            self.query_one(BlockedKeysTable).display = blocked
+            self._view_changed()
+        self.list_table().focus()
+
+    def show_key_events(self) -> None:
         """The undelivered events of the highlighted key (or event's key), in the events view."""
-        target = self._target()
+        target = self.target()
         if target is None or target.ordering_key is None:
             return
         view = self.views[EVENTS]
@@ -150,23 +263,15 @@ class EventBrowser(DetailHost):
         if self.mode == EVENTS:
             self._view_changed()
         else:
-            self._switch(EVENTS)
+            self.switch(EVENTS)
 
-    def _switch(self, mode: str) -> None:
-        if self.mode != mode:
-            self.mode = mode
-            blocked = mode == BLOCKED
-            self.query_one(EventTable).display = not blocked
-            self.query_one(BlockedKeysTable).display = blocked
-            self._view_changed()
-        self._list_table().focus()
-
-    def _list_table(self) -> EventTable | BlockedKeysTable:
+    def list_table(self) -> EventTable | BlockedKeysTable:
+        """The table the current view shows."""
         if self.mode == BLOCKED:
             return self.query_one(BlockedKeysTable)
         return self.query_one(EventTable)
 
-    def action_older_page(self) -> None:
+    def older_page(self) -> None:
         table = self.query_one(EventTable)
         if self.mode == BLOCKED or not self.view.has_more or table.row_count == 0:
             return
@@ -178,21 +283,22 @@ class EventBrowser(DetailHost):
         table.top_on_next_page = True
         self._view_changed()
 
-    def action_newer_page(self) -> None:
+    def newer_page(self) -> None:
         if self.view.page_number > 1:
             self.view.cursors.pop()
             self._view_changed()
 
-    def action_first_page(self) -> None:
+    def first_page(self) -> None:
         if self.view.page_number > 1:
             self.view.cursors = [None]
             self._view_changed()
-        self._list_table().move_cursor(row=0)
+        self.list_table().move_cursor(row=0)
 
-    def action_filter(self) -> None:
+    def choose_filter(self) -> None:
+        """Open the filter dialog on the current view's filter."""
         if self.mode == BLOCKED:
             return
-        known_types = [t for t, _v in self.console_app.registry.event_types()]
+        known_types = [t for t, _v in self.console.registry.event_types()]
         table = self.query_one(EventTable)
         seen = [e.event_type for e in table.events]
         tenants = [e.tenant_id for e in table.events]
@@ -223,50 +329,30 @@ class EventBrowser(DetailHost):
         view.has_more = False
         self._view_changed()
 
-    def action_clear_filter(self) -> None:
-        self.set_filter(EventFilter())
+    # -- what is highlighted ----------------------------------------------------------------
 
-    def action_refresh_now(self) -> None:
-        self.poll_now()
+    def target(self) -> Target | None:
+        """What ``r``, ``k``, ``w``, ``p`` and the detail act on in the current view."""
+        try:
+            if self.mode == BLOCKED:
+                key = self.query_one(BlockedKeysTable).highlighted
+                return Target.of_key(key) if key is not None else None
+            event = self.query_one(EventTable).highlighted
+        except Exception:  # before compose
+            return None
+        return Target.of_event(event) if event is not None else None
 
-    # -- detail -------------------------------------------------------------------------
-
-    @on(DataTable.RowSelected, "#events, #blocked-keys")
-    def _row_selected(self) -> None:
-        self.open_detail_from_list()
-
-    @on(DataTable.RowHighlighted, "#events, #blocked-keys")
-    def _row_highlighted(self) -> None:
-        self.sync_footer()
-        self.follow_cursor()
-
-    def sync_footer(self) -> None:
-        """Refresh the bindings only when a key the footer shows changes.
-
-        Refreshing them rebuilds the footer, 15-30 ms of the event loop: on every arrow
-        key and every page it was most of the work. What the footer shows for the list
-        depends on these alone (``MainScreen.check_action``).
-        """
-        target = self._target()
-        shown = (
+    def footer_state(self) -> tuple[object, ...]:
+        """What the footer's keys for the list depend on (``MainScreen.check_action``)."""
+        target = self.target()
+        return (
             self.mode,
             self.view.has_more,
             self.view.page_number > 1,
-            self.detail_open,
             None
             if target is None
             else (target.status == DEAD_LETTER, target.ordering_key is not None),
         )
-        if shown != self._footer_shown:
-            self._footer_shown = shown
-            self.refresh_bindings()
 
-    def detail_list(self) -> DataTable[Any]:
-        return self._list_table()
-
-    def detail_target_id(self) -> str | None:
-        target = self._target()
-        return None if target is None else target.id
-
-    def no_detail_message(self) -> str:
+    def no_target_message(self) -> str:
         return "No key." if self.mode == BLOCKED else "No event highlighted."

@@ -1,13 +1,15 @@
 """Replay (``r``, ``R``) and skip (``k``) from the console, each after one confirmation.
 
-Part of ``MainScreen``; the checks and changes are ``engine.service``', the
-same the CLI's ``dead-letter replay|skip`` run.
+A part of ``MainScreen``: it is handed what to act on (the highlighted ``Target``, the
+current ``ViewState``) and calls ``changed`` once the outbox changed. The checks and
+changes are ``engine.service``', the same the CLI's ``dead-letter replay|skip`` run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual import on, work
@@ -23,11 +25,14 @@ from outbox_tui.messages import (
     SkipFinished,
     SkipPrepared,
 )
-from outbox_tui.screens.base import ConsoleScreen
-from outbox_tui.screens.browser import BLOCKED, EVENTS, Target
+from outbox_tui.screens.base import ScreenPart
+from outbox_tui.screens.browser import BLOCKED, EVENTS, Target, ViewState
 from outbox_tui.screens.confirm import Confirmation, ConfirmModal
 from outbox_tui.screens.incident_actions import ReplayConfirm, dedup_line, with_warning
 from outbox_tui.widgets.format import one_line, short_id
+
+if TYPE_CHECKING:
+    from outbox_tui.app import OutboxConsole
 
 
 def _events(n: int) -> str:
@@ -72,20 +77,24 @@ def replay_body(total: int, by_type: Mapping[str, int], scope: str) -> Text:
     return text
 
 
-class DeadLetterActions(ConsoleScreen):
+class DeadLetterActions(ScreenPart):
     """Replay and skip of dead letters from the main screen."""
+
+    def __init__(self, console: OutboxConsole, *, changed: Callable[[], None]) -> None:
+        super().__init__(console)
+        self._changed = changed  # the outbox changed: the screen refreshes now
 
     # -- replay -------------------------------------------------------------------------
 
-    def action_replay_one(self) -> None:
-        target = self._target()
+    def replay_one(self, target: Target | None) -> None:
+        """Replay the highlighted dead letter (nothing when it is not one)."""
         if target is None or target.status != DEAD_LETTER:
             return
         body = replay_body(1, {target.kind: 1}, f"event {short_id(target.id)}")
         self._confirm_replay(ReplayConfirm("Replay dead letter", body, "Replay", (target.id,)))
 
-    def action_replay_matching(self) -> None:
-        view = self.view
+    def replay_matching(self, view: ViewState) -> None:
+        """Replay every dead letter the filter of ``view`` matches."""
         if view.mode == BLOCKED:
             return
         if view.mode == EVENTS and view.filter.statuses and DEAD_LETTER not in view.filter.statuses:
@@ -100,7 +109,7 @@ class DeadLetterActions(ConsoleScreen):
     @work(exclusive=True, group="replay", exit_on_error=False)
     async def _prepare_replay(self, flt: EventFilter) -> None:
         """The CLI's ``dead-letter replay --all`` plan: every dead letter ``flt`` matches."""
-        console = self.console_app
+        console = self.console
         try:
             plan = await console.db(plan_replay_matching(console.insights, flt))
         except OutboxError as exc:
@@ -123,7 +132,7 @@ class DeadLetterActions(ConsoleScreen):
     @work(exclusive=True, group="replay", exit_on_error=False)
     async def _confirm_replay(self, ask: ReplayConfirm) -> None:
         """Count the events older than the dedup window, then ask (the dialog warns)."""
-        console = self.console_app
+        console = self.console
         try:
             warning = await console.db(dedup_line(console, ask.ids))
         except OutboxError as exc:
@@ -147,7 +156,7 @@ class DeadLetterActions(ConsoleScreen):
     @work(exclusive=True, group="replay", exit_on_error=False)
     async def _replay(self, ids: tuple[str, ...], reason: str | None) -> None:
         """Replay exactly the ids the operator confirmed (never rows that arrived since)."""
-        console = self.console_app
+        console = self.console
         try:
             outcome = await console.db(
                 replay(console.engine, ids, operator=console.operator, reason=reason)
@@ -174,13 +183,12 @@ class DeadLetterActions(ConsoleScreen):
             )
         else:
             self.say(text, title="Replayed", timeout=5)
-        self.poll_now()
+        self._changed()
 
     # -- skip ---------------------------------------------------------------------------
 
-    def action_skip_dead_letter(self) -> None:
+    def skip_dead_letter(self, target: Target | None) -> None:
         """Release the key a dead letter holds back, after a confirmation naming what waits."""
-        target = self._target()
         if target is None or target.status != DEAD_LETTER or target.ordering_key is None:
             return  # the binding is disabled then (check_action)
         self._prepare_skip(target)
@@ -188,7 +196,7 @@ class DeadLetterActions(ConsoleScreen):
     @work(exclusive=True, group="skip", exit_on_error=False)
     async def _prepare_skip(self, target: Target) -> None:
         """Count what waits behind it now, so the confirmation can say what a skip releases."""
-        insights, db = self.console_app.insights, self.console_app.db
+        insights, db = self.console.insights, self.console.db
         try:
             detail = await db(insights.event_detail(target.id))
             waiting = await db(insights.waiting_behind(target.id))
@@ -226,7 +234,7 @@ class DeadLetterActions(ConsoleScreen):
 
     @work(exclusive=True, group="skip", exit_on_error=False)
     async def _skip(self, message: SkipPrepared, reason: str | None) -> None:
-        console = self.console_app
+        console = self.console
         event_id, key = message.event_id, message.ordering_key
         try:
             result = await console.db(
@@ -257,4 +265,4 @@ class DeadLetterActions(ConsoleScreen):
             title="Skipped",
             timeout=5,
         )
-        self.poll_now()
+        self._changed()

@@ -79,10 +79,10 @@ class DetailHost(ConsoleScreen):
 
     @work(exclusive=True, group="detail", exit_on_error=False)
     async def _load_detail(self, event_id: str) -> None:
-        self.post_message(await load_event_detail(self.console_app, event_id))
+        self.post_message(await load_event_detail(self.console, event_id))
 
     @on(DetailLoaded)
     def _detail_loaded(self, message: DetailLoaded) -> None:
         if self.detail_target_id() != message.event_id:
             return  # the cursor moved on; its own load is on the way
-        show_event_detail(self.query_one(EventDetailPane), message, self.console_app.clock())
+        show_event_detail(self.query_one(EventDetailPane), message, self.console.clock())

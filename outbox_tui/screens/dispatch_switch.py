@@ -1,39 +1,55 @@
-"""The dispatch switch (``s``): start or stop the console's in-process dispatcher."""
+"""The dispatch switch (``s``): start or stop the console's in-process dispatcher.
+
+A part of ``MainScreen``: it drives ``DispatchControl`` from workers, reports the
+dispatcher's state through ``set_state`` (the screen shows it and offers start or stop
+by it) and calls ``changed`` once the dispatcher started or stopped.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual import on, work
 
 from engine.errors import OutboxError
 from outbox_tui.dispatch_control import DispatchExit, describe_summary
-from outbox_tui.messages import (
-    DispatchChanged,
-)
-from outbox_tui.screens.base import ConsoleScreen
+from outbox_tui.messages import DispatchChanged
+from outbox_tui.screens.base import ScreenPart
 from outbox_tui.screens.confirm import Confirmation, ConfirmModal
-from outbox_tui.widgets.dispatchers import DispatchersPanel
 from outbox_tui.widgets.format import one_line
-from outbox_tui.widgets.status_bar import StatusBar
+
+if TYPE_CHECKING:
+    from outbox_tui.app import OutboxConsole
 
 
-class DispatchSwitch(ConsoleScreen):
-    """Starts and stops ``DispatchControl`` from workers; the state shows in the status bar."""
+class DispatchSwitch(ScreenPart):
+    """Starts and stops ``DispatchControl`` from workers."""
 
-    # -- dispatch -----------------------------------------------------------------------
+    def __init__(
+        self,
+        console: OutboxConsole,
+        *,
+        set_state: Callable[[str], None],
+        changed: Callable[[], None],
+    ) -> None:
+        super().__init__(console)
+        self._set_state = set_state  # "starting", "running", "stopping" or "stopped"
+        self._changed = changed  # the dispatcher started or stopped: the screen refreshes
 
-    def action_start_dispatch(self) -> None:
-        control = self.console_app.dispatch
+    def start(self) -> None:
+        control = self.console.dispatch
         reason = control.unavailable_reason()
         if reason:
             self.say(reason, title="Cannot start dispatch", severity="warning", timeout=10)
             return
-        self.dispatch_state = "starting"
+        self._set_state("starting")
         self._start_dispatch()
 
     @work(exclusive=True, group="dispatch", exit_on_error=False)
     async def _start_dispatch(self) -> None:
-        control = self.console_app.dispatch
+        control = self.console.dispatch
         try:
             await control.start()
         except OutboxError as exc:
@@ -41,7 +57,8 @@ class DispatchSwitch(ConsoleScreen):
             return
         self.post_message(DispatchChanged(True, note=f"{control.instance_id} → {control.target}"))
 
-    def action_stop_dispatch(self) -> None:
+    def stop(self) -> None:
+        """Stop the dispatcher once the operator confirms."""
         self.app.push_screen(
             ConfirmModal(
                 "Stop dispatch",
@@ -57,12 +74,12 @@ class DispatchSwitch(ConsoleScreen):
     def _stop_decided(self, decision: Confirmation | None) -> None:
         if decision is None:
             return
-        self.dispatch_state = "stopping"
+        self._set_state("stopping")
         self._stop_dispatch()
 
     @work(exclusive=True, group="dispatch", exit_on_error=False)
     async def _stop_dispatch(self) -> None:
-        outcome = await self.console_app.dispatch.stop()
+        outcome = await self.console.dispatch.stop()
         if outcome is None:
             self.post_message(DispatchChanged(False))
             return
@@ -70,15 +87,16 @@ class DispatchSwitch(ConsoleScreen):
             DispatchChanged(False, note=describe_summary(outcome.summary), error=outcome.error)
         )
 
-    def _dispatch_exited(self, outcome: DispatchExit) -> None:
-        """The loop ended by itself (a crash, or a storage error it gave up on)."""
+    def exited(self, outcome: DispatchExit) -> None:
+        """``DispatchControl.on_exit``: the loop ended by itself (a crash, or a storage
+        error it gave up on), or because it was asked to."""
         if not outcome.requested:
             error = outcome.error or "the dispatch loop ended by itself"
             self.post_message(DispatchChanged(False, error=error))
 
     @on(DispatchChanged)
     def _dispatch_changed(self, message: DispatchChanged) -> None:
-        self.dispatch_state = "running" if message.running else "stopped"
+        self._set_state("running" if message.running else "stopped")
         if message.error:
             title = "Dispatch failed" if not message.running else "Dispatch"
             self.say(message.error, title=title, severity="error", timeout=10)
@@ -86,10 +104,4 @@ class DispatchSwitch(ConsoleScreen):
             self.say(message.note, title="Dispatch started", timeout=4)
         else:
             self.say(message.note or "stopped", title="Dispatch stopped", timeout=4)
-        self.poll_now()
-
-    def watch_dispatch_state(self, state: str) -> None:
-        bar = self.query_one(StatusBar)
-        bar.dispatch = state
-        bar.dispatch_target = self.console_app.dispatch.target
-        self.query_one(DispatchersPanel).local_dispatch_changed(state)
+        self._changed()

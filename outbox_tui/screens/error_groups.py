@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual import on, work
@@ -35,6 +36,9 @@ from outbox_tui.screens.incident_actions import dedup_line, with_warning
 from outbox_tui.widgets.footer import ConsoleFooter
 from outbox_tui.widgets.format import MUTED_STYLE, age, one_line, timestamp
 from outbox_tui.widgets.literal_table import LiteralTable
+
+if TYPE_CHECKING:
+    from outbox_tui.app import OutboxConsole
 
 
 @dataclass
@@ -67,8 +71,8 @@ class ErrorGroupsScreen(ConsoleScreen):
         Binding("ctrl+r", "reload", "Refresh"),
     ]
 
-    def __init__(self) -> None:
-        super().__init__(id="error-groups")
+    def __init__(self, console: OutboxConsole) -> None:
+        super().__init__(console, id="error-groups")
         self.found: ErrorGroups | None = None
         self.loads = 0  # groups loaded (tests wait on this)
 
@@ -94,7 +98,7 @@ class ErrorGroupsScreen(ConsoleScreen):
 
     @work(exclusive=True, group="groups", exit_on_error=False)
     async def _load(self) -> None:
-        console = self.console_app
+        console = self.console
         try:
             found = await console.db(error_groups(console.engine))
         except OutboxError as exc:
@@ -111,7 +115,7 @@ class ErrorGroupsScreen(ConsoleScreen):
         self.found = found = message.found
         table = self.query_one(DataTable)
         table.clear()
-        now = self.console_app.clock()
+        now = self.console.clock()
         width = self.app.size.width
         wide = width >= 140
         error_width = 70 if wide else max(16, width - 62)  # what the other columns leave
@@ -154,7 +158,7 @@ class ErrorGroupsScreen(ConsoleScreen):
         if group is not None:
             from outbox_tui.screens.group_events import GroupEventsScreen
 
-            self.app.push_screen(GroupEventsScreen(group))
+            self.app.push_screen(GroupEventsScreen(self.console, group))
 
     def _highlighted_group(self) -> ErrorGroup | None:
         table = self.query_one(DataTable)
@@ -173,7 +177,7 @@ class ErrorGroupsScreen(ConsoleScreen):
 
     @work(exclusive=True, group="group-replay", exit_on_error=False)
     async def _prepare(self, fingerprint: str) -> None:
-        console = self.console_app
+        console = self.console
         try:
             plan = await console.db(plan_replay_of_group(console.engine, fingerprint))
             warning = await console.db(dedup_line(console, plan.ids)) if plan.ids else None
@@ -207,7 +211,7 @@ class ErrorGroupsScreen(ConsoleScreen):
 
     @work(exclusive=True, group="group-replay", exit_on_error=False)
     async def _replay(self, fingerprint: str, reason: str | None) -> None:
-        console = self.console_app
+        console = self.console
         try:
             outcome = await console.db(
                 replay_of_group(

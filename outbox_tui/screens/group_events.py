@@ -10,7 +10,7 @@ the groups.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textual import on, work
 from textual.app import ComposeResult
@@ -28,6 +28,9 @@ from outbox_tui.widgets.event_detail import EventDetailPane
 from outbox_tui.widgets.footer import ConsoleFooter
 from outbox_tui.widgets.format import age, one_line, short_id, status_text
 from outbox_tui.widgets.literal_table import LiteralTable
+
+if TYPE_CHECKING:
+    from outbox_tui.app import OutboxConsole
 
 #: Rows listed at most (newest first); the title says when there are more.
 SHOWN = 1_000
@@ -49,8 +52,8 @@ class GroupEventsScreen(DetailHost):
         Binding("ctrl+r", "reload", "Refresh"),
     ]
 
-    def __init__(self, group: ErrorGroup) -> None:
-        super().__init__(id="group-events-screen")
+    def __init__(self, console: OutboxConsole, group: ErrorGroup) -> None:
+        super().__init__(console, id="group-events-screen")
         self.group = group
         self.members: list[GroupMember] = []
         self.loads = 0  # lists loaded (tests wait on this)
@@ -75,7 +78,7 @@ class GroupEventsScreen(DetailHost):
 
     @work(exclusive=True, group="group-events", exit_on_error=False)
     async def _load(self) -> None:
-        console = self.console_app
+        console = self.console
         try:
             found = await console.db(group_events(console.engine, self.group.fingerprint))
         except OutboxError as exc:
@@ -94,7 +97,7 @@ class GroupEventsScreen(DetailHost):
         self.members = members[:SHOWN]
         table = self.query_one(DataTable)
         table.clear()
-        now = self.console_app.clock()
+        now = self.console.clock()
         for member in self.members:
             table.add_row(
                 short_id(member.id),

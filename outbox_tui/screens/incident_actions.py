@@ -1,13 +1,14 @@
-"""Incident actions on the main screen: ``p`` pauses or resumes the highlighted event's
-type, ``g`` opens the error groups, and the dedup-window line every replay dialog shows.
+"""Pause or resume (``p``) the highlighted event's type, and the dedup-window line every
+replay dialog shows.
 
-Part of ``MainScreen``; the changes are ``engine.service``', the same the CLI's
+A part of ``MainScreen``: it is handed the highlighted ``Target`` and calls ``changed``
+once the pause changed. The changes are ``engine.service``', the same the CLI's
 ``pause``, ``resume`` and ``dead-letter replay`` run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -25,7 +26,8 @@ from engine.service import (
     waiting_of_type,
 )
 from outbox_tui.messages import ActionFailed
-from outbox_tui.screens.base import ConsoleScreen
+from outbox_tui.screens.base import ScreenPart
+from outbox_tui.screens.browser import Target
 from outbox_tui.screens.confirm import Confirmation, ConfirmModal
 from outbox_tui.widgets.format import one_line
 
@@ -107,23 +109,22 @@ def pause_body(message: PausePrepared) -> Text:
     )
 
 
-class IncidentActions(ConsoleScreen):
-    """Pause and resume of a type, and the error groups, from the main screen."""
+class IncidentActions(ScreenPart):
+    """Pause and resume of an event type from the main screen."""
 
-    def action_show_error_groups(self) -> None:
-        from outbox_tui.screens.error_groups import ErrorGroupsScreen
+    def __init__(self, console: OutboxConsole, *, changed: Callable[[], None]) -> None:
+        super().__init__(console)
+        self._changed = changed  # the pause changed: the screen refreshes now
 
-        self.app.push_screen(ErrorGroupsScreen())
-
-    def action_pause_type(self) -> None:
-        target = self._target()  # type: ignore[attr-defined]
+    def pause_or_resume(self, target: Target | None) -> None:
+        """Pause the type of ``target``, or resume it when it is paused, after a confirmation."""
         if target is None:
             return
         self._prepare_pause(target.kind.rsplit(" v", 1)[0])
 
     @work(exclusive=True, group="pause", exit_on_error=False)
     async def _prepare_pause(self, event_type: str) -> None:
-        console = self.console_app
+        console = self.console
         try:
             held = await console.db(paused_backlog(console.engine))
         except OutboxError as exc:
@@ -174,7 +175,7 @@ class IncidentActions(ConsoleScreen):
 
     @work(exclusive=True, group="pause", exit_on_error=False)
     async def _pause(self, message: PausePrepared, reason: str | None) -> None:
-        console = self.console_app
+        console = self.console
         scope = describe_scope(message.event_type, None)
         try:
             if message.held is None:
@@ -210,4 +211,4 @@ class IncidentActions(ConsoleScreen):
             self.say(message.error, title="Pause failed", severity="error", timeout=8)
             return
         self.say(message.text, title="Pause", timeout=5)
-        self.poll_now()  # type: ignore[attr-defined]
+        self._changed()

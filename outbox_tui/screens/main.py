@@ -1,8 +1,11 @@
-"""The main screen: lays out the panels and polls; its parts do the rest.
+"""The main screen: lays out the panels, polls, and hands each verb to the part that does it.
 
-The event browser (``browser``), replay and skip (``dead_letter_actions``) and the
-dispatch switch (``dispatch_switch``) are the parts it combines; its key bindings
-come from the action table (``outbox_tui.actions``).
+Its parts are components, each constructed with what it uses: the event browser
+(``browser``, the list box), replay and skip (``dead_letter_actions``), pause and
+resume (``incident_actions``), the dispatch switch (``dispatch_switch``) and the
+published recount (``published_recount``). The screen binds the keys of the action
+table (``outbox_tui.actions``), decides which are offered (``check_action``) and
+passes each part what it acts on: the highlighted ``Target``, the current view.
 
 Data flow: a timer starts an exclusive ``poll`` worker; the worker asks
 ``OutboxInsights`` (the live overview, the top types, the page) and ``engine.service``
@@ -10,9 +13,6 @@ Data flow: a timer starts an exclusive ``poll`` worker; the worker asks
 update the widgets, and add the snapshot to the ``Trends`` ring the overview draws.
 The next poll is scheduled only after the previous one finished, so polls never
 overlap, and polling pauses while a dialog is open.
-
-The published total and the purge backlog grow with the table, so a refresh does not
-recount them (``published_recount``).
 """
 
 from __future__ import annotations
@@ -20,125 +20,105 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 from textual import events, on, work
 from textual.app import ComposeResult
-from textual.containers import Horizontal, Vertical
-from textual.content import Content
+from textual.containers import Horizontal
 from textual.reactive import reactive
 from textual.timer import Timer
-from textual.widgets import Static
+from textual.widgets import DataTable, Static
 from textual.worker import Worker, WorkerState
 
 from engine.errors import OutboxError
-from engine.operating.insights import OverviewSnapshot
+from engine.operating.insights import EventFilter, OverviewSnapshot
 from engine.operating.trends import Sample, Trends
 from engine.service import paused_backlog
 from engine.storage.schema import DEAD_LETTER
 from outbox_tui.actions import bindings
-from outbox_tui.messages import (
-    ActionFailed,
-    BlockedPage,
-    PollFailed,
-    PollSucceeded,
-    ViewPage,
-)
+from outbox_tui.messages import ActionFailed, PollFailed, PollSucceeded, WorkerFailed
+from outbox_tui.screens.browser import BLOCKED, DEAD_LETTERS, EVENTS, EventBrowser, ViewState
+from outbox_tui.screens.dead_letter_actions import DeadLetterActions
+from outbox_tui.screens.detail_host import DetailHost
+from outbox_tui.screens.dispatch_switch import DispatchSwitch
+from outbox_tui.screens.incident_actions import IncidentActions
 from outbox_tui.screens.palette import ConsoleCommands
-from outbox_tui.widgets.blocked_keys import BlockedKeysTable
+from outbox_tui.screens.published_recount import PublishedRecount
 from outbox_tui.widgets.dispatchers import DispatchersPanel
 from outbox_tui.widgets.event_detail import EventDetailPane
-from outbox_tui.widgets.event_table import EventTable
+from outbox_tui.widgets.footer import ConsoleFooter
 from outbox_tui.widgets.format import one_line, timestamp
 from outbox_tui.widgets.overview import OverviewPanel
 from outbox_tui.widgets.status_bar import StatusBar
 from outbox_tui.widgets.trend import TrendView
 
 if TYPE_CHECKING:
-    pass
-
-from outbox_tui.screens.browser import (
-    BLOCKED,
-    DEAD_LETTERS,
-    EVENTS,
-    EventBrowser,
-    Target,
-    ViewState,
-    list_titles,
-)
-from outbox_tui.screens.dead_letter_actions import DeadLetterActions
-from outbox_tui.screens.dispatch_switch import DispatchSwitch
-from outbox_tui.screens.incident_actions import IncidentActions
-from outbox_tui.screens.published_recount import PublishedRecount
-from outbox_tui.widgets.footer import ConsoleFooter
+    from outbox_tui.app import OutboxConsole
 
 THROUGHPUT_POINTS = 60
 TREND_SAMPLES = 120  # two minutes at the default refresh of one second
 TOP_TYPES = 5
 
 
-class MainScreen(
-    EventBrowser, DeadLetterActions, DispatchSwitch, IncidentActions, PublishedRecount
-):
+class MainScreen(DetailHost):
     """Everything on one screen; the bindings here are the console's verbs."""
 
     COMMANDS = {ConsoleCommands}  # noqa: RUF012 - Textual's declaration style
     BINDINGS = bindings(app=False)
 
-    mode: reactive[str] = reactive(EVENTS, bindings=True)
     dispatch_state: reactive[str] = reactive("stopped", bindings=True)
     connection: reactive[str] = reactive("connecting")
 
-    def __init__(self) -> None:
-        super().__init__(id="main")
-        self.views = {
-            EVENTS: ViewState(EVENTS),
-            DEAD_LETTERS: ViewState(DEAD_LETTERS),
-            BLOCKED: ViewState(BLOCKED),
-        }
+    def __init__(self, console: OutboxConsole) -> None:
+        super().__init__(console, id="main")
+        self.browser = EventBrowser(
+            console, detail_open=lambda: self.detail_open, shown=self.sync_footer, id="list"
+        )
+        self.dead_letters = DeadLetterActions(console, changed=self.poll_now)
+        self.incidents = IncidentActions(console, changed=self.poll_now)
+        self.switch = DispatchSwitch(console, set_state=self._set_dispatch, changed=self.poll_now)
+        self.recount = PublishedRecount(console)
         self.refreshes = 0  # successful polls applied (tests wait on this)
-        self.pages = 0  # pages loaded by navigation (filter, view, paging)
         self.failures = 0  # consecutive failed polls
         self.last_snapshot: OverviewSnapshot | None = None
         self.throughput: deque[int] = deque(maxlen=THROUGHPUT_POINTS)
         self.trends = Trends(TREND_SAMPLES)
         self.trend: TrendView | None = None  # the last one drawn (tests read its verdict)
         self._footer_shown: tuple[object, ...] | None = None
-        self._titles_shown: tuple[str, str] | None = None
-        self._generation = 0
         self._poll_timer: Timer | None = None
         self._poll_waiting = False
         self._deferred: PollSucceeded | None = None
         self._last_good: datetime | None = None
 
     @property
+    def mode(self) -> str:
+        """The view the list shows: events, dead letters or blocked keys."""
+        return self.browser.mode
+
+    @property
     def view(self) -> ViewState:
-        return self.views[self.mode]
+        return self.browser.view
 
     # -- layout -------------------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
-        config = self.console_app.config
-        yield StatusBar(self.console_app.display_url, config.refresh_seconds, id="status-bar")
+        config = self.console.config
+        yield StatusBar(self.console.display_url, config.refresh_seconds, id="status-bar")
         yield Static("", id="banner")
         yield OverviewPanel(config.pending_age, id="overview")
         yield DispatchersPanel(id="dispatchers")
         with Horizontal(id="body"):
-            with Vertical(id="list"):
-                yield EventTable(id="events")
-                yield BlockedKeysTable(id="blocked-keys")
-                yield Static("", id="empty-list")
+            yield self.browser
             yield EventDetailPane(id="detail")
         yield ConsoleFooter()
+        yield from (self.dead_letters, self.incidents, self.switch, self.recount)
 
     def on_mount(self) -> None:
-        self.console_app.dispatch.on_exit = self._dispatch_exited
-        self._update_titles(None)
-        self.query_one(BlockedKeysTable).display = False
-        self.query_one(EventTable).focus()
+        self.console.dispatch.on_exit = self.switch.exited
+        self.browser.list_table().focus()
         self.poll_now()
-        if self.console_app.config.autostart_dispatch:
+        if self.console.config.autostart_dispatch:
             self.action_start_dispatch()
 
     # -- polling ------------------------------------------------------------------------
@@ -149,12 +129,12 @@ class MainScreen(
             self._poll_timer.stop()
             self._poll_timer = None
         self._poll_waiting = False
-        self._poll(self._generation)
+        self._poll(self.browser.generation)
 
     def _schedule_poll(self) -> None:
         if self._poll_timer is not None:
             self._poll_timer.stop()
-        self._poll_timer = self.set_timer(self.console_app.config.refresh_seconds, self._poll_due)
+        self._poll_timer = self.set_timer(self.console.config.refresh_seconds, self._poll_due)
 
     def _poll_due(self) -> None:
         self._poll_timer = None
@@ -173,15 +153,14 @@ class MainScreen(
     @work(exclusive=True, group="poll", exit_on_error=False)
     async def _poll(self, generation: int) -> None:
         view = self.view
-        insights = self.console_app.insights
-        db = self.console_app.db
-        timeout = self.console_app.config.poll_timeout_seconds
+        insights, db = self.console.insights, self.console.db
+        timeout = self.console.config.poll_timeout_seconds
         try:
             async with asyncio.timeout(timeout):
-                snapshot = await self.live_overview()
-                pauses = await db(paused_backlog(self.console_app.engine))
+                snapshot = await self.recount.live_overview()
+                pauses = await db(paused_backlog(self.console.engine))
                 top = await db(insights.top_types(limit=TOP_TYPES))
-                page = await self._fetch(view)
+                page = await self.browser.fetch(view)
         except TimeoutError:
             self.post_message(PollFailed(f"the database did not answer within {timeout:g}s"))
         except OutboxError as exc:
@@ -190,20 +169,8 @@ class MainScreen(
             self.post_message(
                 PollSucceeded(snapshot, page, generation, pauses=pauses, top_types=top)
             )
-            self.recount_when_due(snapshot.taken_at)
+            self.recount.recount_when_due(snapshot.taken_at)
         self._schedule_poll()
-
-    async def _fetch(self, view: ViewState) -> ViewPage:
-        """The rows ``view`` shows now: a page of events, or the blocked keys."""
-        console = self.console_app
-        if view.mode == BLOCKED:
-            keys = await console.db(console.insights.blocked_keys(limit=console.config.page_size))
-            return BlockedPage(tuple(keys))
-        return await console.db(
-            console.insights.events_page(
-                view.query_filter, limit=console.config.page_size, before=view.before
-            )
-        )
 
     @on(PollSucceeded)
     def _poll_succeeded(self, message: PollSucceeded) -> None:
@@ -238,49 +205,12 @@ class MainScreen(
             top_types=message.top_types,
         )
         self.query_one(DispatchersPanel).show(snap.heartbeats, snap.unserved)
-        if message.generation == self._generation:
-            self._show_page(message.page, snap.taken_at)
+        self.browser.polled(snap, message.page, message.generation)
         self.refreshes += 1
         if self.refreshes == 1:
-            self.call_after_refresh(self.console_app.settle_collector)  # once it is drawn
+            self.call_after_refresh(self.console.settle_collector)  # once it is drawn
         if self.detail_open:
             self.load_detail()
-
-    def _show_page(self, page: ViewPage, now: datetime) -> None:
-        view = self.view
-        empty = self.query_one("#empty-list", Static)
-        if isinstance(page, BlockedPage):
-            view.has_more = False
-            self.query_one(BlockedKeysTable).show(page.keys)
-            empty.display = not page.keys
-            empty.update(
-                Content(
-                    "No blocked keys: no ordering key is held back by a failed or "
-                    "dead-lettered event."
-                )
-            )
-        else:
-            view.has_more = page.has_more
-            table = self.query_one(EventTable)
-            table.show(self.mode, page.events, now, follow_head=not self.detail_open)
-            empty.display = not page.events
-            if not page.events:
-                what = "dead letters" if self.mode == DEAD_LETTERS else "events"
-                described = view.describe()
-                hint = "" if described.startswith("all ") else " Press / to change the filter."
-                empty.update(Content(f"No {what} match {described}.{hint}"))
-        self._update_titles(page)
-        self.sync_footer()
-
-    def _update_titles(self, page: ViewPage | None) -> None:
-        blocked = self.last_snapshot.blocked_keys if self.last_snapshot else None
-        titles = list_titles(self.mode, self.view, page, blocked)
-        # Setting a border title repaints the whole box, the event table's rows included:
-        # a refresh that changes neither title leaves them as they are.
-        if titles != self._titles_shown:
-            self._titles_shown = titles
-            box = self.query_one("#list", Vertical)
-            box.border_title, box.border_subtitle = (Content(t) for t in titles)
 
     @on(PollFailed)
     def _poll_failed(self, message: PollFailed) -> None:
@@ -295,7 +225,7 @@ class MainScreen(
                 (" ⚠ Database problem: ", "bold"),
                 message.error,
                 (
-                    f"  Retrying every {self.console_app.config.refresh_seconds:g}s "
+                    f"  Retrying every {self.console.config.refresh_seconds:g}s "
                     f"(attempt {self.failures}).{since}",
                     "",
                 ),
@@ -310,27 +240,41 @@ class MainScreen(
         for selector in ("#overview", "#dispatchers", "#list"):
             self.query_one(selector).set_class(connection == "lost", "-stale")
 
-    # -- errors and bindings ------------------------------------------------------------
+    def _set_dispatch(self, state: str) -> None:
+        self.dispatch_state = state
+
+    def watch_dispatch_state(self, state: str) -> None:
+        bar = self.query_one(StatusBar)
+        bar.dispatch = state
+        bar.dispatch_target = self.console.dispatch.target
+        self.query_one(DispatchersPanel).local_dispatch_changed(state)
+
+    # -- errors -------------------------------------------------------------------------
 
     @on(ActionFailed)
     def _action_failed(self, message: ActionFailed) -> None:
         self.say(message.error, title=f"{message.what} failed", severity="error", timeout=8)
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        if event.state == WorkerState.ERROR:  # the screen's own workers (poll, detail)
+            self._worker_failed(WorkerFailed(event.worker.group, event.worker.error))
+
+    @on(WorkerFailed)
+    def _worker_failed(self, message: WorkerFailed) -> None:
         """The one place an unexpected worker failure is turned into something visible."""
-        if event.state != WorkerState.ERROR:
-            return
-        error = event.worker.error
+        error = message.error
         self.say(
             f"{type(error).__name__}: {error}",
-            title=f"Unexpected error in {event.worker.group}",
+            title=f"Unexpected error in {message.group}",
             severity="error",
             timeout=10,
         )
-        if event.worker.group == "poll":
+        if message.group == "poll":
             self._schedule_poll()
-        elif event.worker.group == "dispatch":
-            self.dispatch_state = "running" if self.console_app.dispatch.running else "stopped"
+        elif message.group == "dispatch":
+            self.dispatch_state = "running" if self.console.dispatch.running else "stopped"
+
+    # -- the verbs: which are offered, and the part that does each -------------------------
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         state = self.dispatch_state
@@ -342,7 +286,7 @@ class MainScreen(
             if state in ("stopped", "starting"):
                 return False
             return None if state == "stopping" else True
-        target = self._target() if action in _ON_TARGET else None
+        target = self.browser.target() if action in _ON_TARGET else None
         if action == "replay_one":
             return True if target is not None and target.status == DEAD_LETTER else None
         if action == "skip_dead_letter":  # shown only where it applies: the footer is full
@@ -362,16 +306,91 @@ class MainScreen(
             return self.view.page_number > 1
         return True
 
-    def _target(self) -> Target | None:
-        """What ``r``, ``k``, ``w`` and the detail act on in the current view."""
-        try:
-            if self.mode == BLOCKED:
-                key = self.query_one(BlockedKeysTable).highlighted
-                return Target.of_key(key) if key is not None else None
-            event = self.query_one(EventTable).highlighted
-        except Exception:  # before compose
-            return None
-        return Target.of_event(event) if event is not None else None
+    def action_show_events(self) -> None:
+        self.browser.switch(EVENTS)
+
+    def action_show_dead_letters(self) -> None:
+        self.browser.switch(DEAD_LETTERS)
+
+    def action_show_blocked_keys(self) -> None:
+        self.browser.switch(BLOCKED)
+
+    def action_show_key_events(self) -> None:
+        self.browser.show_key_events()
+
+    def action_show_error_groups(self) -> None:
+        from outbox_tui.screens.error_groups import ErrorGroupsScreen
+
+        self.app.push_screen(ErrorGroupsScreen(self.console))
+
+    def action_older_page(self) -> None:
+        self.browser.older_page()
+
+    def action_newer_page(self) -> None:
+        self.browser.newer_page()
+
+    def action_first_page(self) -> None:
+        self.browser.first_page()
+
+    def action_filter(self) -> None:
+        self.browser.choose_filter()
+
+    def action_clear_filter(self) -> None:
+        self.browser.set_filter(EventFilter())
+
+    def action_refresh_now(self) -> None:
+        self.poll_now()
+
+    def action_replay_one(self) -> None:
+        self.dead_letters.replay_one(self.browser.target())
+
+    def action_replay_matching(self) -> None:
+        self.dead_letters.replay_matching(self.view)
+
+    def action_skip_dead_letter(self) -> None:
+        self.dead_letters.skip_dead_letter(self.browser.target())
+
+    def action_pause_type(self) -> None:
+        self.incidents.pause_or_resume(self.browser.target())
+
+    def action_start_dispatch(self) -> None:
+        self.switch.start()
+
+    def action_stop_dispatch(self) -> None:
+        self.switch.stop()
+
+    # -- the detail beside the list ---------------------------------------------------------
+
+    @on(DataTable.RowSelected, "#events, #blocked-keys")
+    def _row_selected(self) -> None:
+        self.open_detail_from_list()
+
+    @on(DataTable.RowHighlighted, "#events, #blocked-keys")
+    def _row_highlighted(self) -> None:
+        self.sync_footer()
+        self.follow_cursor()
+
+    def sync_footer(self) -> None:
+        """Refresh the bindings only when a key the footer shows changes.
+
+        Refreshing them rebuilds the footer, 15-30 ms of the event loop: on every arrow
+        key and every page it was most of the work. What the footer shows for the list
+        depends on these alone (``check_action``).
+        """
+        shown = (*self.browser.footer_state(), self.detail_open)
+        if shown != self._footer_shown:
+            self._footer_shown = shown
+            self.refresh_bindings()
+
+    def detail_list(self) -> DataTable[Any]:
+        return self.browser.list_table()
+
+    def detail_target_id(self) -> str | None:
+        target = self.browser.target()
+        return None if target is None else target.id
+
+    def no_detail_message(self) -> str:
+        return self.browser.no_target_message()
 
 
 _ON_TARGET = ("replay_one", "skip_dead_letter", "show_key_events", "pause_type")

@@ -5,29 +5,43 @@ rows), so a refresh asks ``live_overview``, which carries them from the last
 ``published_totals`` and adds what was published since. The first refresh counts them
 in full (the first screen is exact); after that a ``recount`` worker counts them again
 every ``published_recount_seconds``, beside the refreshes and never overlapping itself.
+
+A part of ``MainScreen``, whose poll worker asks ``live_overview`` and then
+``recount_when_due``.
 """
 
 from __future__ import annotations
 
 import asyncio
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from textual import work
 
 from engine.errors import OutboxError
 from engine.operating.insights import OverviewSnapshot, PublishedMark, PublishedTotals
-from outbox_tui.screens.base import ConsoleScreen
+from outbox_tui.screens.base import ScreenPart
+
+if TYPE_CHECKING:
+    from outbox_tui.app import OutboxConsole
 
 
-class PublishedRecount(ConsoleScreen):
+class PublishedRecount(ScreenPart):
     """Holds the last recount and the mark the next live overview continues from."""
 
-    _totals: PublishedTotals | None = None
-    _mark: PublishedMark | None = None
+    def __init__(self, console: OutboxConsole) -> None:
+        super().__init__(console)
+        self._totals: PublishedTotals | None = None
+        self._mark: PublishedMark | None = None
+
+    @property
+    def totals(self) -> PublishedTotals | None:
+        """The last full count (None before the first refresh)."""
+        return self._totals
 
     async def live_overview(self) -> OverviewSnapshot:
         """The refresh's overview (the poll worker asks, inside its timeout)."""
-        console = self.console_app
+        console = self.console
         if self._totals is None:  # the first screen: counted in full
             self._totals = await console.db(console.insights.published_totals())
         snapshot = await console.db(console.insights.live_overview(self._totals, since=self._mark))
@@ -35,7 +49,7 @@ class PublishedRecount(ConsoleScreen):
         return snapshot
 
     def recount_when_due(self, now: datetime) -> None:
-        every = self.console_app.config.published_recount_seconds
+        every = self.console.config.published_recount_seconds
         totals = self._totals
         if totals is None or (now - totals.taken_at).total_seconds() < every:
             return
@@ -45,7 +59,7 @@ class PublishedRecount(ConsoleScreen):
     @work(exclusive=True, group="recount", exit_on_error=False)
     async def _recount(self) -> None:
         """Count the published rows in full again, beside the refreshes (never inside one)."""
-        console = self.console_app
+        console = self.console
         try:
             async with asyncio.timeout(console.config.poll_timeout_seconds):
                 self._totals = await console.db(console.insights.published_totals())

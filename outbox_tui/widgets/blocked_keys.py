@@ -38,8 +38,8 @@ class BlockedKeysTable(LiteralTable[Text | str]):
         Binding("home", "screen.first_page", "First", show=False),  # to the oldest head
     ]
 
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)  # type: ignore[arg-type]
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=True, id=id)
         self._keys: dict[str, BlockedKey] = {}
         for key, label in BLOCKED_COLUMNS:
             self.add_column(label, key=key)

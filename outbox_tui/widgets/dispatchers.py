@@ -160,8 +160,8 @@ def unserved_note(unserved: Sequence[UnservedType], width: int, *, narrow: bool 
 class DispatchersPanel(Vertical):
     """A small table of ``process_heartbeats``; an explanation when there is none."""
 
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
         self.polled = False
         self.local_dispatch = "stopped"
         self.border_title = "Dispatchers"

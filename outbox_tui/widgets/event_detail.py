@@ -12,6 +12,7 @@ from rich.json import JSON
 from rich.rule import Rule
 from rich.table import Table
 from rich.text import Text
+from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
@@ -175,6 +176,38 @@ def _ordering_rows(
     return rows
 
 
+def _cause_rows(c: Mapping[str, Any]) -> list[tuple[str, RenderableType]]:
+    """What caused it, for an event a handler published (a first event has none)."""
+    if c.get("causation_id") is None:
+        return []
+    return [
+        ("caused by", Text(str(c["causation_id"]))),
+        (
+            "first in chain",
+            Text(str(c.get("correlation_id") or c["causation_id"]), style=MUTED_STYLE),
+        ),
+    ]
+
+
+def _chain_lines(detail: EventDetail) -> RenderableType:
+    """The events of its chain in write order, each indented under the event that caused
+    it; this event marked."""
+    this = detail.columns.get("id")
+    depth: dict[Any, int] = {}
+    rows = []
+    for link in detail.chain:
+        level = depth.get(link.get("causation_id"), -1) + 1
+        depth[link.get("id")] = level
+        line = Text("  " * level + ("└ " if level else ""), style=MUTED_STYLE)
+        line.append_text(status_text(str(link.get("status", ""))))
+        line.append(f"  {printable(str(link.get('event_type')))}  ")
+        line.append(printable(str(link.get("id"))), style=MUTED_STYLE)
+        if link.get("id") == this:
+            line.append("  ◀ this event", style="bold")
+        rows.append(line)
+    return _lines(rows)
+
+
 def _payload_tree(payload: Any) -> RenderableType:
     """The decoded payload as an indented JSON tree.
 
@@ -196,7 +229,9 @@ def render_detail(
     ``waiting``: the events of its ordering key behind it, when the caller counted them.
     """
     # Stored text (producers', handlers' and outside systems') shown, never sent as control.
-    c = {k: printable(v) if isinstance(v, str) else v for k, v in detail.columns.items()}
+    c: dict[str, Any] = {  # as loosely typed as ``EventDetail.columns``, a row's mapping
+        k: printable(v) if isinstance(v, str) else v for k, v in detail.columns.items()
+    }
     status = str(c.get("status", ""))
     title = Text.assemble(status_text(status), "  ", (str(c.get("id", "")), "bold"))
     identity = _grid(
@@ -205,6 +240,7 @@ def render_detail(
             ("tenant", Text(str(c.get("tenant_id")))),
             ("aggregate", Text(f"{c.get('aggregate_type')}:{c.get('aggregate_id')}")),
             *_ordering_rows(detail, now, waiting),
+            *_cause_rows(c),
             ("trace id", Text(printable(detail.trace_id or "—"))),
             ("created", _when(c.get("created_at"), now)),
         ]
@@ -251,10 +287,14 @@ def render_detail(
         )
     else:
         payload = _payload_tree(detail.payload)
+    chain: list[RenderableType] = []
+    if len(detail.chain) > 1:  # it caused events, or an event caused it
+        chain = [_section(f"Chain ({len(detail.chain)} events)"), _chain_lines(detail)]
     parts: list[RenderableType] = [
         title,
         _section("Event"),
         identity,
+        *chain,
         _section("Errors"),
         errors,
         _section("Delivery and lease"),
@@ -281,7 +321,7 @@ class EventDetailPane(VerticalScroll):
         self.waiting: int | None = None
         self.border_title = "Event detail · esc closes"
 
-    def compose(self):  # type: ignore[no-untyped-def]
+    def compose(self) -> ComposeResult:
         yield Static(Text("Loading…", style=MUTED_STYLE), id="detail-body")
 
     def show(self, detail: EventDetail, now: datetime, *, waiting: int | None = None) -> None:

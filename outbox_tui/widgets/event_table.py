@@ -57,8 +57,8 @@ class EventTable(LiteralTable[Text | str]):
         Binding("home", "screen.first_page", "Newest", show=False),
     ]
 
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)  # type: ignore[arg-type]
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=True, id=id)
         self.mode = ""
         self._events: dict[str, EventSummary] = {}
         self._cells_shown: dict[str, list[Text | str]] = {}

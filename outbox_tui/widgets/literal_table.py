@@ -62,15 +62,12 @@ class LiteralTable(DataTable[CellType]):
             if row_index is None or row is None:
                 continue  # removed before the table measured it
             _label, cells = self._get_row_renderables(row_index)
-            if (
-                row.label is not None
-                or row.auto_height
-                or not all(isinstance(cell, Text) for cell in cells)
-            ):
+            texts = [cell for cell in cells if isinstance(cell, Text)]
+            if row.label is not None or row.auto_height or len(texts) != len(cells):
                 others.append(row_key)
                 continue
-            for column, cell in zip(columns, cells, strict=False):  # as DataTable pairs them
-                width = text_width(cell)
+            for column, text in zip(columns, texts, strict=False):  # as DataTable pairs them
+                width = text_width(text)
                 if width > column.content_width:
                     column.content_width = width
         super()._update_dimensions(others)
@@ -103,7 +100,10 @@ class LiteralTable(DataTable[CellType]):
         if row_index < 0 or column_index < 0:  # the header and row labels
             return None
         row_key = self._row_locations.get_key(row_index)
-        value = self._data.get(row_key, {}).get(self._column_locations.get_key(column_index))
+        column_key = self._column_locations.get_key(column_index)
+        if row_key is None or column_key is None:
+            return None
+        value = self._data.get(row_key, {}).get(column_key)
         row = self.rows.get(row_key)
         if not isinstance(value, Text) or row is None or row.height != 1:
             return None

@@ -138,8 +138,8 @@ class CountTile(Static):
 class HealthLine(Static):
     """One line in its longest variant that fits the width (the last one, cut, otherwise)."""
 
-    def __init__(self, text: str, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(self, text: str, *, id: str | None = None) -> None:
+        super().__init__(id=id)
         self.variants: list[Text] = [Text(text, style=MUTED)]
 
     def show(self, *variants: Text) -> None:
@@ -157,8 +157,8 @@ class HealthLine(Static):
 class OverviewPanel(Vertical):
     """Counts, health, throughput, trend, pauses and top types, fed once per refresh."""
 
-    def __init__(self, thresholds: AgeThresholds, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(self, thresholds: AgeThresholds, *, id: str | None = None) -> None:
+        super().__init__(id=id)
         self.thresholds = thresholds
         self._throughput_drawn: tuple[tuple[int, ...], int] | None = None
 

@@ -94,8 +94,8 @@ def pause_lines(
 class PausesLine(Static):
     """The active pauses, oldest first; not displayed while there are none."""
 
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__("", **kwargs)  # type: ignore[arg-type]
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__("", id=id)
         self.pauses: Sequence[PausedBacklog] = ()
         self.now: datetime | None = None
 

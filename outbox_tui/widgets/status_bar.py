@@ -26,8 +26,8 @@ class StatusBar(Static):
     dispatch: reactive[str] = reactive("stopped")
     dispatch_target: reactive[str] = reactive("")
 
-    def __init__(self, url: str, refresh_seconds: float, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
+    def __init__(self, url: str, refresh_seconds: float, *, id: str | None = None) -> None:
+        super().__init__(id=id)
         self.url = url
         self.refresh_seconds = refresh_seconds
 

@@ -108,8 +108,8 @@ def top_types_table(types: Sequence[TypeCounts], width: int, rows: int) -> Text:
 class TopTypesLine(Static):
     """The top types in one line."""
 
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__("", **kwargs)  # type: ignore[arg-type]
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__("", id=id)
         self.types: Sequence[TypeCounts] = ()
         self.loaded = False
 
@@ -126,8 +126,8 @@ class TopTypesLine(Static):
 class TopTypesPanel(Static):
     """The top types as a small table in a box."""
 
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__("", **kwargs)  # type: ignore[arg-type]
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__("", id=id)
         self.types: Sequence[TypeCounts] = ()
         self.border_title = "top types · undelivered by status"
 

@@ -158,8 +158,8 @@ def _int(value: float | None) -> int | None:
 class TrendLine(Static):
     """``draining, empty in about 3m  ·  backlog ▁▂▃▅▇ 1,234  ·  …``, fitted to its width."""
 
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__("", **kwargs)  # type: ignore[arg-type]
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__("", id=id)
         self.view: TrendView | None = None
 
     def show(self, view: TrendView) -> None:
@@ -204,8 +204,8 @@ def trend_rows(view: TrendView, width: int) -> Text:
 class TrendsPanel(Static):
     """The boxed trend for wide, tall terminals: verdict and four labelled series."""
 
-    def __init__(self, **kwargs: object) -> None:
-        super().__init__("", **kwargs)  # type: ignore[arg-type]
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__("", id=id)
         self.view: TrendView | None = None
         self.border_title = "trend · one sample per refresh"
 

@@ -358,3 +358,18 @@ async def test_tables_show_bracketed_data_as_written(cli: Cli, tmp_path) -> None
     groups = cli("dead-letter", "groups", env=env)
     assert groups.returncode == 0, groups
     assert "boom [/x]" in groups.stdout
+
+
+@sqlite_only
+async def test_matched_counts_the_selected_dead_letters_in_a_dry_run_and_a_replay(
+    cli: Cli, dead_letters_url: str
+) -> None:
+    dead = (await _ids(dead_letters_url, DEAD_LETTER))[0]
+    published = (await _ids(dead_letters_url, PUBLISHED))[0]
+    args = ("dead-letter", "replay", "--event-id", dead, "--event-id", published, "--json")
+    env = {"OUTBOX_DATABASE_URL": dead_letters_url}
+    dry = cli(*args, "--dry-run", env=env)
+    real = cli(*args, "--yes", env=env)
+    assert dry.json()["matched"] == real.json()["matched"] == 1
+    assert list(dry.json()["refused"]) == list(real.json()["refused"]) == [published]
+    assert real.json()["replayed"] == [dead]

@@ -1,7 +1,10 @@
-"""Failures are one line on stderr (``outbox-tui: error: ...``), never a traceback or a password."""
+"""Failures are one line on stderr (``outbox-tui: error: ...``), never a traceback or a password;
+a reader that goes away (a closed pipe) ends a command quietly."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import uuid
 from pathlib import Path
 
@@ -9,7 +12,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from engine import create_schema
-from tests.cli.conftest import APP, Cli
+from tests.cli.conftest import APP, Cli, cli_env, sqlite_only
 
 BROKER_DOWN = "amqp://guest:guest@127.0.0.1:1/"
 
@@ -276,3 +279,37 @@ def test_the_engine_and_the_front_end_name_the_same_program() -> None:
 
     assert PROGRAM == PROG
     assert f"{PROG} init-db" == INIT_DB
+
+
+@sqlite_only
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("stats", "--json"),
+        ("--dispatch", "--installed-app", APP, "--max-iterations", "2", "--json"),
+        # Text mode: rich's consoles meet the closed pipe (``| head -1``, ``| true``).
+        ("stats",),
+        ("dead-letter", "list"),
+        ("dead-letter", "groups"),
+        ("--dispatch", "--installed-app", APP, "--max-iterations", "2"),
+        ("dispatch-once", "--installed-app", APP),
+    ],
+)
+def test_a_closed_pipe_ends_the_command_quietly(cli: Cli, dead_letters_url: str, args) -> None:
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first line: every write meets EPIPE
+    try:
+        result = subprocess.run(
+            cli.command(*args),
+            cwd=cli.cwd,
+            env=cli_env(OUTBOX_DATABASE_URL=dead_letters_url),
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(write)
+    assert result.returncode == 0
+    assert "BrokenPipe" not in result.stderr and "Traceback" not in result.stderr
+    assert "error" not in result.stderr

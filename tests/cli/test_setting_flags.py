@@ -3,7 +3,8 @@
 Walks ``OutboxSettings`` and each of its sections: the flag ``flag_of`` gives a field is an
 option of some parser and sets that field; an invalid value in the field's environment
 variable, under every command, gives one line that names the variable and either a flag of
-that command or no flag at all.
+that command or no flag at all. A flag's value reaches the command
+(``--max-concurrency``, ``--handler-timeout-seconds``, ``--retention-seconds none``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from engine.settings import OutboxSettings, env_of, flag_of
 from outbox_tui.cli import STRICT_SETTINGS, _options, _parsers, _subcommands, build_parser
 from outbox_tui.cli.options import resolve
 
-from .conftest import Cli
+from .conftest import APP, Cli, sqlite_only
 
 
 def _fields(
@@ -167,3 +168,103 @@ def test_the_dedup_window_is_named_by_its_variable_where_there_is_no_flag(
     env = {"OUTBOX_DEDUP_WINDOW_SECONDS": "x"}
     replay = cli("dead-letter", "replay", "--all", "--dry-run", env=env)
     replay.assert_one_error_line("OUTBOX_DEDUP_WINDOW_SECONDS / --dedup-window-seconds", status=2)
+
+
+@sqlite_only
+@pytest.mark.parametrize(
+    ("variable", "value", "flag"),
+    [
+        ("USE_LOCK", "maybe", "--lock"),
+        ("BACKOFF_KIND", "linear", "--backoff-kind"),
+        ("BACKOFF_MAX_SECONDS", "lots", "--backoff-max-seconds"),
+        ("BACKOFF_JITTER", "2", "--backoff-jitter"),
+        ("WAKEUP", "sometimes", "--wakeup"),
+        ("RETENTION_SECONDS", "-1", "--retention-seconds"),
+    ],
+)
+def test_settings_errors_name_a_flag_that_exists(
+    cli: Cli, orders_url: str, variable: str, value: str, flag: str
+) -> None:
+    env = {"OUTBOX_DATABASE_URL": orders_url, f"OUTBOX_DISPATCHER__{variable}": value}
+    from_env = cli("--dispatch", "--installed-app", APP, "--max-iterations", "1", env=env)
+    from_env.assert_one_error_line(f"OUTBOX_DISPATCHER__{variable} / {flag} must be", status=2)
+    given = [flag] if flag == "--lock" else [flag, value]
+    # The flag it names is accepted by the same command (a bad value fails the same way).
+    env = {"OUTBOX_DATABASE_URL": orders_url}
+    by_flag = cli("dispatch", "--installed-app", APP, "--max-iterations", "1", *given, env=env)
+    if flag == "--lock":
+        assert by_flag.returncode == 0, by_flag
+    else:
+        by_flag.assert_one_error_line(f"{flag} must be", status=2)
+
+
+@pytest.mark.parametrize(
+    ("flags", "fragments"),
+    [
+        (["--max-concurrency", "0"], ["--max-concurrency must be an integer between 1"]),
+        (["--max-concurrency", "many"], ["--max-concurrency must be an integer", "got many"]),
+        (
+            ["--handler-timeout-seconds", "45"],
+            ["--handler-timeout-seconds must be below lease_seconds (30)", "45"],
+        ),
+        (
+            ["--handler-timeout-seconds", "-1"],
+            ["OUTBOX_DISPATCHER__HANDLER_TIMEOUT_SECONDS / --handler-timeout-seconds"],
+        ),
+    ],
+)
+@pytest.mark.parametrize("mode", [["dispatch-once"], ["--dispatch", "--max-iterations", "1"]])
+def test_a_bad_concurrency_or_timeout_is_one_line_naming_the_flag(
+    cli: Cli, orders_url: str, mode: list[str], flags: list[str], fragments: list[str]
+) -> None:
+    result = cli(*mode, "--installed-app", APP, *flags, env={"OUTBOX_DATABASE_URL": orders_url})
+    result.assert_one_error_line(*fragments, status=2)
+    assert result.stdout == ""
+
+
+async def test_concurrency_and_timeout_reach_the_dispatcher(cli: Cli, orders_url: str) -> None:
+    env = {"OUTBOX_DATABASE_URL": orders_url}
+    run = cli(
+        "--dispatch",
+        "--installed-app",
+        APP,
+        "--max-iterations",
+        "1",
+        "--max-concurrency",
+        "3",
+        "--handler-timeout-seconds",
+        "2.5",
+        "--json",
+        env=env,
+    )
+    assert run.returncode == 0, run
+    settings = run.json_lines()[0]["settings"]
+    assert (settings["max_concurrency"], settings["handler_timeout_seconds"]) == (3, 2.5)
+    once = cli(
+        "dispatch-once",
+        "--installed-app",
+        APP,
+        "--max-concurrency",
+        "1",
+        "--handler-timeout-seconds",
+        "1",
+        "--json",
+        env=env,
+    )
+    assert once.returncode == 0, once
+    assert once.json()["claimed"] > 0
+    wrong_mode = cli("stats", "--max-concurrency", "3", env=env)
+    assert wrong_mode.returncode == 2
+
+
+@sqlite_only
+def test_retention_none_on_the_command_line(cli: Cli, orders_url: str) -> None:
+    env = {"OUTBOX_DATABASE_URL": orders_url}
+    counted = cli("stats", "--json", "--retention-seconds", "86400", env=env)
+    unset = cli("stats", "--json", "--retention-seconds", "none", env=env)
+    assert counted.returncode == unset.returncode == 0, unset
+    assert counted.json()["awaiting_purge"] == 0
+    assert unset.json()["awaiting_purge"] is None
+    cli("stats", "--retention-seconds", "soon", env=env).assert_one_error_line(
+        "--retention-seconds must be", status=2
+    )

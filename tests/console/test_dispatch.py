@@ -101,3 +101,28 @@ async def test_s_with_a_relay_but_no_event_types_refuses_instead_of_dead_letteri
         [note] = [n for n in app._notifications if n.title == "Cannot start dispatch"]
         assert "no event types are registered" in note.message
     assert await heartbeat(sqlite_seeded) is None
+
+
+async def test_a_bug_while_starting_is_shown_and_start_is_offered_again(
+    sqlite_seeded, orders_registry, monkeypatch
+):
+    """An unexpected error in the switch's worker (a bug, not an engine error) is a toast on
+    the main screen, and the switch goes back to stopped instead of staying "starting"."""
+    app = console(sqlite_seeded, orders_registry)
+
+    async def broken_start() -> None:
+        raise RuntimeError("a bug in start")
+
+    monkeypatch.setattr(app.dispatch, "start", broken_start)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(pilot)
+        await pilot.press("s")
+        shown = lambda: [n for n in app._notifications if n.title.startswith("Unexpected")]  # noqa: E731
+        await until(pilot, shown, "the unexpected error's toast")
+        [note] = shown()
+        assert (note.title, note.message) == (
+            "Unexpected error in dispatch",
+            "RuntimeError: a bug in start",
+        )
+        await until(pilot, lambda: app.main.dispatch_state == "stopped", "the switch to reset")
+        assert s_key(app) == "Start dispatch"

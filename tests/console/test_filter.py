@@ -36,7 +36,7 @@ async def test_filter_by_status_type_tenant_and_aggregate(sqlite_seeded, orders_
         await pilot.press("enter")
         wanted = EventFilter(("pending", "failed"), "orders.placed", "globex")
         await until(pilot, lambda: app.main.view.filter == wanted, "the filter")
-        await until(pilot, lambda: app.main.pages >= 1, "the filtered page")
+        await until(pilot, lambda: app.main.browser.pages >= 1, "the filtered page")
         rows = table.events
         assert rows and all(
             e.status in ("pending", "failed")
@@ -79,7 +79,7 @@ async def test_dead_letter_view_keeps_its_status_and_its_own_filter(sqlite_seede
         await paste(pilot, "orders.placed")
         await pilot.press("enter")
         await until(pilot, lambda: app.main.view.filter.event_type == "orders.placed", "")
-        assert app.main.views["events"].filter == EventFilter()
+        assert app.main.browser.views["events"].filter == EventFilter()
         await pilot.press("e")
         await until(pilot, lambda: app.main.query_one(EventTable).mode == "events", "events")
         assert "all events" in app.main.query_one("#list").border_title

@@ -141,7 +141,7 @@ async def test_p_pauses_and_resumes_the_highlighted_type(seeded_url, orders_regi
     app = console(seeded_url, orders_registry)
     async with app.run_test(size=SIZE) as pilot:
         await started(pilot)
-        event_type = app.main._target().kind.rsplit(" v", 1)[0]
+        event_type = app.main.browser.target().kind.rsplit(" v", 1)[0]
         await pilot.press("p")
         await dialog(pilot, "the pause dialog")
         assert f"Pause {event_type} (every tenant)?" in _body(app)
@@ -220,7 +220,7 @@ async def test_the_pause_dialog_counts_what_waits_and_asks_for_a_reason(
     app = console(seeded_url, orders_registry)
     async with app.run_test(size=SIZE) as pilot:
         await started(pilot)
-        event_type = app.main._target().kind.rsplit(" v", 1)[0]
+        event_type = app.main.browser.target().kind.rsplit(" v", 1)[0]
         expected = await _waiting(seeded_url, event_type)
         assert expected > 0
         await pilot.press("p")

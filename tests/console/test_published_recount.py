@@ -25,7 +25,7 @@ async def test_the_published_tile_is_exact_between_and_after_recounts(orders_reg
         await started(pilot)
         main = app.main
         tile = main.query_one("#tile-published", CountTile)
-        first = main._totals
+        first = main.recount.totals
         assert first is not None and tile.value == (await counts(seeded_url))[PUBLISHED]
         for n in (3, 2):  # published between recounts: added from the published_at index
             clock.now += timedelta(seconds=1)
@@ -33,7 +33,7 @@ async def test_the_published_tile_is_exact_between_and_after_recounts(orders_reg
             await refreshed(pilot)
             assert tile.value == (await counts(seeded_url))[PUBLISHED]
             assert main.throughput[-1] == n
-        assert main._totals is first  # no recount yet: none was due
+        assert main.recount.totals is first  # no recount yet: none was due
         # The retention purge deletes published rows: only a recount can see that.
         engine = create_engine(seeded_url)
         try:
@@ -46,7 +46,7 @@ async def test_the_published_tile_is_exact_between_and_after_recounts(orders_reg
             await engine.dispose()
         clock.now += timedelta(seconds=11)
         await refreshed(pilot)  # due now: the recount starts beside this refresh
-        await until(pilot, lambda: main._totals is not first, "the recount")
+        await until(pilot, lambda: main.recount.totals is not first, "the recount")
         await refreshed(pilot)
         assert tile.value == (await counts(seeded_url))[PUBLISHED]
 

@@ -129,7 +129,7 @@ async def test_shift_r_explains_when_the_filter_excludes_dead_letters(
     app = console(sqlite_seeded, orders_registry)
     async with app.run_test(size=SIZE) as pilot:
         await started(pilot)
-        app.main.set_filter(EventFilter(statuses=("pending",)))
+        app.main.browser.set_filter(EventFilter(statuses=("pending",)))
         await pilot.press("R")
         await pilot.pause()
         assert app.screen is app.main

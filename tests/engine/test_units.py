@@ -251,6 +251,8 @@ def _row(**changes):
         "max_attempts": 5,
         "replay_count": 1,
         "created_at": datetime(2026, 12, 3, 12, 0, tzinfo=UTC),
+        "causation_id": "0193f2c4-0000-7000-8000-000000000000",
+        "correlation_id": "0193f2c4-0000-7000-8000-00000000000a",
         "payload": '{"tenant_id": "acme"}',
     }
     row.update(changes)
@@ -268,7 +270,17 @@ def test_an_envelope_from_a_row_is_the_one_its_constructor_makes():
     made = EventEnvelope(
         row["id"], "acme", "orders.placed", 2, "order", "o-1", payload, row["created_at"]
     )
-    assert built == replace(made, attempt_count=2, max_attempts=5, claim_version=3, replay_count=1)
+    assert built == replace(
+        made,
+        attempt_count=2,
+        max_attempts=5,
+        claim_version=3,
+        replay_count=1,
+        causation_id=row["causation_id"],
+        correlation_id=row["correlation_id"],
+    )
+    assert built.chain_id == row["correlation_id"]
+    assert made.chain_id == made.event_id  # a first event is its own chain
     assert type(built) is EventEnvelope and hash(built.event_id)
     with pytest.raises(AttributeError):
         built.attempt_count = 9  # type: ignore[misc]  # still frozen
