@@ -124,6 +124,18 @@ class DispatcherSettings(BaseModel):
     retention_batch_size: Annotated[
         int, Field(ge=1, le=100_000, description="rows deleted per retention statement")
     ] = 500
+    inbound_retention_seconds: Annotated[
+        float | None,
+        Field(
+            gt=0,
+            le=_TEN_YEARS,
+            description="delete published inbound rows (engine.inbox) after this long: the "
+            "inbox's dedup window (default: dedup_window_seconds, 7 days)",
+            json_schema_extra={
+                "requirement": "a number of seconds greater than 0 and at most 315360000"
+            },
+        ),
+    ] = None
     heartbeat_retention_seconds: Annotated[
         float | None,
         Field(
@@ -400,6 +412,15 @@ class OutboxSettings(BaseSettings):
                 self.amqp_max_probe_seconds,
                 f"at least amqp_probe_seconds ({self.amqp_probe_seconds:g})",
             )
+        return self
+
+    @model_validator(mode="after")
+    def _inbound_window(self) -> OutboxSettings:
+        """Inbound rows are kept as long as the dedup window unless told otherwise: a
+        duplicate is refused only while the row of its first copy is there."""
+        if self.dispatcher.inbound_retention_seconds is None:
+            window = {"inbound_retention_seconds": self.dedup_window_seconds}
+            object.__setattr__(self, "dispatcher", self.dispatcher.model_copy(update=window))
         return self
 
 

@@ -25,7 +25,8 @@ Housekeeping rides on the loop instead of extra tasks: the heartbeat upsert
 (throttled, see engine.running.heartbeat), metric gauges and the retention purge (at
 most every ``housekeeping_seconds``; the purge runs again at once while it
 finds full batches, and after every round that published when
-``retention_seconds`` is 0).
+``retention_seconds`` is 0). Inbound rows are kept for their own window,
+``inbound_retention_seconds``: the inbox's dedup window.
 """
 
 from __future__ import annotations
@@ -53,7 +54,13 @@ from engine.dispatch import (
 from engine.dispatch.backoff import BackoffPolicy
 from engine.errors import InstalledAppError, StorageError
 from engine.handlers.idempotency import IdempotencyStore
-from engine.operating.retention import purge_heartbeats, purge_published, retention_cutoff
+from engine.operating.replay import DEFAULT_DEDUP_WINDOW
+from engine.operating.retention import (
+    purge_heartbeats,
+    purge_inbound,
+    purge_published,
+    retention_cutoff,
+)
 from engine.running.heartbeat import Heartbeat
 from engine.running.locks import lock_provider_for
 from engine.running.metrics import OutboxMetrics
@@ -326,9 +333,7 @@ class _RunLoop:
     async def _housekeeping(self, result: DispatchResult) -> None:
         now = time.monotonic()
         retention = self.settings.retention_seconds
-        if retention is not None and (
-            (retention == 0 and result.published) or self._purge_backlog or now >= self._next_purge
-        ):
+        if (retention == 0 and result.published) or self._purge_backlog or now >= self._next_purge:
             self._next_purge = now + self.settings.housekeeping_seconds
             await self._purge(retention, result.published)
         keep_heartbeats = self.settings.heartbeat_retention_seconds
@@ -344,19 +349,33 @@ class _RunLoop:
         if self.heartbeat is not None:
             await self.heartbeat.beat(self._details())
 
-    async def _purge(self, retention: float, just_published: int) -> None:
+    async def _purge(self, retention: float | None, just_published: int) -> None:
+        """The published rows past the retention, then the inbound ones past the inbox's
+        dedup window when the local purge does not reach them (engine.operating.retention)."""
         batch = self.settings.retention_batch_size
-        # Bounded work per round: one batch, or (delete-on-publish) enough for this round.
-        passes = max(1, math.ceil(just_published / batch)) if retention == 0 else 1
+        inbound = self.settings.inbound_retention_seconds or DEFAULT_DEDUP_WINDOW.total_seconds()
         purged = 0
         full = False
-        for _ in range(passes):
-            cutoff = retention_cutoff(self.clock(), retention)
-            count = await purge_published(self.engine, older_than=cutoff, batch_size=batch)
+        if retention is not None:
+            # Bounded work per round: one batch, or (delete-on-publish) enough for this round.
+            passes = max(1, math.ceil(just_published / batch)) if retention == 0 else 1
+            for _ in range(passes):
+                now = self.clock()
+                count = await purge_published(
+                    self.engine,
+                    older_than=retention_cutoff(now, retention),
+                    batch_size=batch,
+                    inbound_older_than=retention_cutoff(now, inbound),
+                )
+                purged += count
+                full = count >= batch
+                if not full:
+                    break
+        if retention is None or inbound < retention:
+            cutoff = retention_cutoff(self.clock(), inbound)
+            count = await purge_inbound(self.engine, older_than=cutoff, batch_size=batch)
             purged += count
-            full = count >= batch
-            if not full:
-                break
+            full = full or count >= batch
         self._purge_backlog = full
         if purged:
             self.summary.purged += purged
