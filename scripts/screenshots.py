@@ -48,6 +48,8 @@ NAMES = {
     "error-groups": "error-groups.svg",
     "confirm-pause": "confirm-pause.svg",
     "confirm-replay-dedup": "confirm-replay-dedup.svg",
+    "inbox": "inbox.svg",
+    "inbound-dead-letter": "inbound-dead-letter.svg",
 }
 # At 80x24 too: the terminal operators have.
 SMALL = (80, 24)
@@ -58,6 +60,7 @@ SMALL_SCENES = (
     "confirm-replay",
     "blocked-keys",
     "error-groups",
+    "inbox",
 )
 
 

@@ -54,8 +54,8 @@ from engine.dispatch import (
 from engine.dispatch.backoff import BackoffPolicy
 from engine.errors import InstalledAppError, StorageError
 from engine.handlers.idempotency import IdempotencyStore
-from engine.operating.replay import DEFAULT_DEDUP_WINDOW
 from engine.operating.retention import (
+    inbound_window,
     purge_heartbeats,
     purge_inbound,
     purge_published,
@@ -353,7 +353,7 @@ class _RunLoop:
         """The published rows past the retention, then the inbound ones past the inbox's
         dedup window when the local purge does not reach them (engine.operating.retention)."""
         batch = self.settings.retention_batch_size
-        inbound = self.settings.inbound_retention_seconds or DEFAULT_DEDUP_WINDOW.total_seconds()
+        inbound = inbound_window(self.settings.inbound_retention_seconds)
         purged = 0
         full = False
         if retention is not None:
