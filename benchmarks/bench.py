@@ -23,9 +23,12 @@ Scenarios (see docs/BENCHMARKS.md for the last run and how each is measured):
      completion statements run by hand in a loop
   k  the console at 1,000,000 rows on PostgreSQL and SQLite: a full refresh, the longest
      event-loop stall, memory at 1,000,000 / 100,000 (only with --large)
-  l  consume N CloudEvents into the inbox (outbox-tui consume) / raw aio-pika consuming the
+  l  exactly-once effects: a transactional handler inserting one row / a plain handler
+     inserting the same row through its own session (PostgreSQL)
+  m  the same on SQLite (reported)
+  n  consume N CloudEvents into the inbox (outbox-tui consume) / raw aio-pika consuming the
      same queue with manual acks
-  m  end to end, A's outbox → relay → RabbitMQ → B's inbox → B's handler / A's relay alone
+  o  end to end, A's outbox → relay → RabbitMQ → B's inbox → B's handler / A's relay alone
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ from benchmarks.scenarios import Sizes
 from benchmarks.support import Context
 from engine import create_engine, create_schema
 
-ALL = "abcdefghijklm"
+ALL = "abcdefghijklmno"
 SMOKE = Sizes(
     repeats=1,
     drain=400,
@@ -73,6 +76,7 @@ SMOKE = Sizes(
     sqlite_drain=400,
     console=(300, 3_000),
     console_watch_seconds=0.5,
+    effects=300,
     inbox=300,
     end_to_end=200,
 )
@@ -107,8 +111,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--write-seconds", type=float, help="h, per slot (default 3)")
     parser.add_argument("--latency-events", type=int, help="i (default 150)")
     parser.add_argument("--sqlite-events", type=int, help="j (default 100,000, 5 repeats)")
-    parser.add_argument("--inbox-events", type=int, help="l (default 100,000)")
-    parser.add_argument("--end-to-end-events", type=int, help="m (default 10,000, 5 repeats)")
+    parser.add_argument("--inbox-events", type=int, help="n (default 100,000)")
+    parser.add_argument("--end-to-end-events", type=int, help="o (default 10,000, 5 repeats)")
     parser.add_argument("--batch-size", type=int, default=500)
     parser.add_argument(
         "--peer-loop", choices=("uvloop", "asyncio"), default="uvloop", help="pgqueuer's loop"
@@ -248,8 +252,10 @@ def plan(ctx: Context, sizes: Sizes, args: argparse.Namespace) -> list[Step]:
         "i": ("i wake-up latency", lambda: scenarios.latency(ctx, sizes)),
         "j": ("j SQLite drain", lambda: scenarios.sqlite_floor(ctx, sizes)),
         "k": ("k console rows", lambda: scenarios.console_rows(ctx, sizes)),
-        "l": ("l inbox consume", lambda: scenarios.consume(ctx, sizes)),
-        "m": ("m end to end", lambda: scenarios.end_to_end(ctx, sizes)),
+        "l": ("l exactly-once effects", lambda: scenarios.effects(ctx, sizes)),
+        "m": ("m exactly-once effects, SQLite", lambda: scenarios.sqlite_effects(ctx, sizes)),
+        "n": ("n inbox consume", lambda: scenarios.consume(ctx, sizes)),
+        "o": ("o end to end", lambda: scenarios.end_to_end(ctx, sizes)),
     }
     steps += [one[c] for c in only if c in one]
     return steps

@@ -45,7 +45,7 @@ class Sizes:
     # read 1.33-1.56 at 20,000 and 1.61-1.84 at 100,000; e 1.56-1.62 at 50,000 and
     # 1.70-1.78 at 100,000. c went the other way, 0.73-0.77 at 50,000 and 0.58-0.70 at
     # 100,000: with 100 events per key instead of 50 an ordered row costs PostgreSQL
-    # more (docs/dispatcher.md, "Deeper keys"), an unordered one does not.
+    # more (decision 0031, row c), an unordered one does not.
     io: int = 100_000
     io_sleep_ms: float = 10.0
     io_concurrency: int = 500
@@ -72,6 +72,7 @@ class Sizes:
     sqlite_repeats: int = 5
     console: tuple[int, int] | None = None  # (100_000, 1_000_000) with --large
     console_watch_seconds: float = 5.0
+    effects: int = 20_000  # l and m: one business row per event, a commit per event
     inbox: int = 100_000
     end_to_end: int = 10_000
 
@@ -196,9 +197,10 @@ async def io_bound(ctx: Context, sizes: Sizes, *, peer: bool = True) -> dict[str
     of ours against the best of pgqueuer's.
 
     The batch is the one knob both tools share, and the best one is not the same for
-    both: ours ran faster at about twice ``--max-concurrency`` (docs/dispatcher.md),
-    pgqueuer's rate barely moves. Each side gets the same choices, alternated in the
-    same run; which batch won each repeat is in the record and in the notes.
+    both: ours ran faster at about twice ``--max-concurrency`` (docs/dispatcher.md,
+    "Concurrency"), pgqueuer's rate barely moves. Each side gets the same choices,
+    alternated in the same run; which batch won each repeat is in the record and in the
+    notes.
     """
     n, ms = sizes.io, sizes.io_sleep_ms
     title = f"b. drain {n:,} events, handler awaits {ms:g} ms: ours / pgqueuer"
@@ -394,11 +396,11 @@ async def relay(ctx: Context, sizes: Sizes) -> dict[str, Any]:
 async def consume(ctx: Context, sizes: Sizes) -> dict[str, Any]:
     n = sizes.inbox
     title = (
-        f"l. consume {n:,} CloudEvents into the inbox: ours / raw aio-pika consuming the "
+        f"n. consume {n:,} CloudEvents into the inbox: ours / raw aio-pika consuming the "
         "same queue with manual acks, doing nothing"
     )
     if ctx.amqp_url is None:
-        return skipped("l", title, "no RabbitMQ (pass --amqp-url)")
+        return skipped("n", title, "no RabbitMQ (pass --amqp-url)")
     try:
         runs = await alternate(
             sizes.repeats,
@@ -411,7 +413,7 @@ async def consume(ctx: Context, sizes: Sizes) -> dict[str, Any]:
         await inbox.delete_queues(ctx.amqp_url)
     result = ratio(runs["ours"], runs["raw"])
     return record(
-        "l",
+        "n",
         title,
         unit="messages/s",
         ours=side(f"outbox-tui consume ×1, prefetch {inbox.PREFETCH}", runs["ours"]),
@@ -425,11 +427,11 @@ async def consume(ctx: Context, sizes: Sizes) -> dict[str, Any]:
 async def end_to_end(ctx: Context, sizes: Sizes) -> dict[str, Any]:
     n = sizes.end_to_end
     title = (
-        f"m. {n:,} events end to end, A's outbox → relay → RabbitMQ → B's inbox → B's "
+        f"o. {n:,} events end to end, A's outbox → relay → RabbitMQ → B's inbox → B's "
         "handler: / A's relay alone (reported)"
     )
     if ctx.amqp_url is None:
-        return skipped("m", title, "no RabbitMQ (pass --amqp-url)")
+        return skipped("o", title, "no RabbitMQ (pass --amqp-url)")
     try:
         runs = await alternate(
             noisy_row_repeats(sizes, sizes.relay_repeats),
@@ -443,7 +445,7 @@ async def end_to_end(ctx: Context, sizes: Sizes) -> dict[str, Any]:
         await inbox.delete_queues(ctx.amqp_url)
     result = ratio(runs["ours"], runs["relay"])
     return record(
-        "m",
+        "o",
         title,
         unit="events/s",
         ours=side("A's relay + B's consume + B's dispatcher, one process each", runs["ours"]),
@@ -459,10 +461,12 @@ async def write_path(ctx: Context, sizes: Sizes) -> dict[str, Any]:
 
     Beside the two compared, each round has a slot of the row plus a bare ``SELECT 1``
     (``statement``): its cost against the row alone is what any second statement costs
-    on this machine, the floor under an event written by a statement of its own.
+    on this machine, the floor under an event written by a statement of its own. The row
+    alone and with its event are also written through psycopg 3 (``-psycopg``): the
+    same cost per driver, and psycopg's write path against asyncpg's (decision 0035).
     """
     producers, seconds, pairs = sizes.write_producers, sizes.write_seconds, sizes.write_pairs
-    modes = ["outbox", "plain", "statement"]
+    modes = ["outbox", "plain", "statement", "outbox-psycopg", "plain-psycopg"]
     schedule = []
     for n in range(pairs):
         turn = n % len(modes)
@@ -470,17 +474,25 @@ async def write_path(ctx: Context, sizes: Sizes) -> dict[str, Any]:
     runs = await producing.write_schedule(ctx, schedule, producers=producers, seconds=seconds)
     by_mode = {mode: [r for r in runs if r["mode"] == mode] for mode in modes}
     outbox, plain, statement = by_mode["outbox"], by_mode["plain"], by_mode["statement"]
+    psy_outbox, psy_plain = by_mode["outbox-psycopg"], by_mode["plain-psycopg"]
     # A cost: how many times slower the write path gets with the event (lower is better).
     result = ratio(outbox, plain, invert=True)
     floor = side("business row + SELECT 1", statement)
+    psycopg = {
+        "outbox": side("business row + outbox event, psycopg", psy_outbox),
+        "plain": side("business row alone, psycopg", psy_plain),
+        "cost": ratio(psy_outbox, psy_plain, invert=True),
+        "against_asyncpg": ratio(psy_outbox, outbox),
+    }
     return record(
         "h",
         f"h. write path, {producers} producers, durable commits: row alone / row + event "
-        f"(a cost; {pairs} alternations of {seconds:g} s)",
+        f"(a cost; asyncpg; {pairs} alternations of {seconds:g} s)",
         unit="commits/s",
         ours=side("business row + outbox event", outbox),
         peer=side("business row alone", plain),
         second_statement={**floor, **ratio(statement, plain, invert=True)},
+        psycopg=psycopg,
         target="<= 1.2",
         met=met(result["ratio"], "<= 1.2"),
         **result,
@@ -635,4 +647,61 @@ async def console_rows(ctx: Context, sizes: Sizes) -> dict[str, Any]:
         rss_ratio=rss,
         target=CONSOLE_TARGET,
         met=refresh < 100 and stall < 50 and rss <= 1.2,
+    )
+
+
+# -- l + m: exactly-once effects ------------------------------------------------------------
+
+EFFECTS_TARGET = ">= 0.9"
+
+
+async def effects(ctx: Context, sizes: Sizes) -> dict[str, Any]:
+    """l: what exactly-once costs on PostgreSQL: the handler's row written in the
+    dispatcher's transaction (with the event's completion in the same commit) against the
+    same row committed by the handler itself (then the batch's completion)."""
+    n = sizes.effects
+    runs = await alternate(
+        sizes.repeats,
+        [
+            ("ours", lambda: drains.ours(ctx, n, write="transactional", label="transactional")),
+            ("other", lambda: drains.ours(ctx, n, write="plain", label="plain")),
+        ],
+    )
+    result = ratio(runs["ours"], runs["other"])
+    return record(
+        "l",
+        f"l. drain {n:,}, each event writes one row: transactional handler / plain handler "
+        "committing its own session",
+        unit="events/s",
+        ours=side(
+            f"outbox-tui --dispatch ×2, transactional=True, batch {ctx.batch_size}", runs["ours"]
+        ),
+        peer=side("the same, the handler commits its own session", runs["other"]),
+        target=EFFECTS_TARGET,
+        met=met(result["ratio"], EFFECTS_TARGET),
+        **result,
+    )
+
+
+async def sqlite_effects(ctx: Context, sizes: Sizes) -> dict[str, Any]:
+    """m: l on SQLite, one dispatcher (reported: its handlers take the write lock in turn
+    either way)."""
+    n = sizes.effects
+    runs = await alternate(
+        sizes.repeats,
+        [
+            ("ours", lambda: sqlite_drain.ours(ctx, n, write="transactional")),
+            ("other", lambda: sqlite_drain.ours(ctx, n, write="plain")),
+        ],
+    )
+    result = ratio(runs["ours"], runs["other"])
+    return record(
+        "m",
+        f"m. the same on SQLite ({n:,} events, 1 process): transactional / plain",
+        unit="events/s",
+        ours=side(
+            f"outbox-tui --dispatch ×1, transactional=True, batch {ctx.batch_size}", runs["ours"]
+        ),
+        peer=side("the same, the handler commits its own session", runs["other"]),
+        **result,
     )

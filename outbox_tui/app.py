@@ -20,7 +20,7 @@ from engine.operating.replay import default_operator
 from engine.operating.retention import inbound_window
 from engine.service import DispatchSpec, insights_for, load_registry, open_engine
 from engine.settings import DEFAULT_EXCHANGE, ConsoleSettings, DispatcherSettings, OutboxSettings
-from engine.storage.database import mask_url
+from engine.storage.secrets import mask_url
 from engine.writing.registry import EventRegistry
 from outbox_tui import PROG
 from outbox_tui.actions import bindings
@@ -162,9 +162,9 @@ class OutboxConsole(App[int]):
         """Put the objects alive now out of the cyclic garbage collector's reach.
 
         Modules, widgets and the first screen's render caches live as long as the
-        console, yet every full collection walks them all: 140-150 ms of the event loop
-        each time, the longest stalls of a running console. Frozen (on mount and after
-        the first refresh), they are left out; quitting unfreezes them.
+        console, yet every full collection walks them all, the longest stalls of a
+        running console. Frozen (on mount and after the first refresh), they are left
+        out; quitting unfreezes them. See decision 0024.
         """
         gc.freeze()
 

@@ -48,6 +48,7 @@ NAMES = {
     "error-groups": "error-groups.svg",
     "confirm-pause": "confirm-pause.svg",
     "confirm-replay-dedup": "confirm-replay-dedup.svg",
+    "catalog": "catalog.svg",
     "inbox": "inbox.svg",
     "inbound-dead-letter": "inbound-dead-letter.svg",
 }

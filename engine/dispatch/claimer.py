@@ -26,13 +26,32 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.selectable import TextualSelect
 
 from engine.dispatch import claim_sql
-from engine.dispatch.claim_sql import ClaimScope, ClaimShape
+from engine.dispatch.claim_sql import ClaimShape
 from engine.dispatch.claimed import ClaimedRow
-from engine.storage.database import as_dbapi_error
+from engine.storage import psycopg_paths
+from engine.storage.drivers import as_dbapi_error, is_asyncpg, is_psycopg
 
 # A claimer's keyset floor goes back to 0 at least this often, so rows below it that
 # became due again wait at most this long.
 SEQ_FLOOR_RESET = timedelta(seconds=1)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimScope:
+    """Which rows a dispatcher may claim: the event types it can deliver, minus pauses.
+
+    ``types`` are the types this dispatcher serves (its handlers, or everything its
+    relay can publish) with fully paused types already taken out; ``paused_pairs``
+    are (event_type, tenant_id) pairs paused for one tenant. Rows outside the scope
+    stay as they are, spending no attempt: another dispatcher may serve them, and a
+    paused type waits for its resume. A key whose head is out of scope waits too.
+    """
+
+    types: frozenset[str]
+    paused_pairs: frozenset[tuple[str, str]] = frozenset()
+
+    def admits(self, event_type: str, tenant_id: str) -> bool:
+        return event_type in self.types and (event_type, tenant_id) not in self.paused_pairs
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,8 +186,10 @@ class Claimer:
             "seq_floor": cursor.seq_floor,
         }
         records: Iterable[Any]
-        if dialect == "postgresql":
+        if is_asyncpg(conn.dialect):
             records = await _fetch_on_driver(conn, stmt, values)
+        elif is_psycopg(conn.dialect):
+            records = await psycopg_paths.fetch_rows(conn, stmt, values)
         else:
             records = (await conn.execute(stmt, values)).mappings()
         # The row's own mapping (no copy per row): read-only, as ClaimedRow needs.

@@ -58,10 +58,10 @@ from engine.running.wakeup import CommitNotifier
 from engine.settings import ConsumerSettings, DispatcherSettings
 from engine.storage.database import (
     DISPATCHER_BUSY_TIMEOUT_SECONDS,
-    mask_secrets,
     translate_storage_error,
     waiting_at_most,
 )
+from engine.storage.secrets import mask_secrets
 from engine.writing.registry import EventRegistry
 
 log = logging.getLogger("engine.inbox")

@@ -25,39 +25,39 @@ and ``ix_outbox_events_waiting_type`` replace ``ix_outbox_events_unordered`` and
 ``ix_outbox_events_unordered_type``; they leave out rows in flight, so a claim writes
 no entry into them; ``ix_outbox_events_lease_expiry`` (``locked_until IS NOT NULL``)
 replaces ``ix_outbox_events_leased`` (``locked_by IS NOT NULL``), so PostgreSQL can no
-longer answer the claim's per-key in-flight probe by reading every leased row (see
-``engine.storage.schema``). A database without them is outdated (``missing_indexes``): SQLite's
+longer answer the claim's per-key in-flight probe by reading every leased row (decisions
+0005 and 0006). A database without them is outdated (``missing_indexes``): SQLite's
 claim names them, and PostgreSQL's would walk another index. On PostgreSQL the upgrade
 builds them with a plain ``CREATE INDEX``, which blocks writes to the table while it
 reads the table once: stop the producers, or build them first with ``CREATE INDEX
-CONCURRENTLY`` under the same names and definitions (docs/dispatcher.md).
+CONCURRENTLY`` under the same names and definitions (docs/table-contract.md, "Upgrading
+with init-db").
 
 Version 0.5: SQLite's ``ix_outbox_events_type_backlog`` and ``ix_outbox_events_key_order``
 are rebuilt with their predicates spelled as comparisons instead of IN lists
-(``respelled_indexes``; see ``engine.storage.schema.BACKLOG_PREDICATE``). New tables also spell
-the status CHECK so; SQLite cannot change the CHECK of an existing table, which keeps the
-list (the same rule).
+(``respelled_indexes``; see ``engine.storage.schema.BACKLOG_PREDICATE`` and decision 0026).
+New tables also spell the status CHECK so; SQLite cannot change the CHECK of an existing
+table, which keeps the list (the same rule).
 
 Version 0.6: ``ix_outbox_events_backlog_id`` and ``ix_outbox_events_aggregate_at_rest``
 replace ``ix_outbox_events_status_id`` and ``ix_outbox_events_aggregate_id``. On
 PostgreSQL they leave out the row versions a drain writes (published rows, rows in
-flight), so a claim and a completion write no entry into them (``engine.storage.schema``); on
+flight), so a claim and a completion write no entry into them (decision 0006); on
 SQLite they are the same full indexes under the new names. A database with the old ones
 is outdated (``missing_indexes``); the upgrade drops them and builds the new ones, with
 the same caution on a large PostgreSQL table as 0.4's.
-
-Version 0.8: on PostgreSQL ``ix_outbox_events_key_turn`` (a key's rows in flight first,
-then its rows at rest in ``seq`` order) replaces ``ix_outbox_events_key_order`` and
-``ix_outbox_events_key_in_flight``, which SQLite keeps (``engine.storage.schema.ONLY_ON``). A
-PostgreSQL database without it is outdated (``missing_indexes``); the upgrade builds it
-and drops the two, with the same caution on a large table as 0.4's.
 
 Version 0.7: on PostgreSQL ``outbox_events.ordering_key`` compares bytewise (``COLLATE
 "C"``, see ``engine.storage.schema.OrderingKey``), so the ordered claim's index probes no longer
 compare keys through the default collation's strcoll. A column with another collation is
 outdated (``recollated_columns``); the upgrade changes it in place: no table rewrite,
-but its three key indexes are rebuilt under a lock that blocks writes (0.4 s for
-300,000 keyed rows on the benchmark machine).
+but its three key indexes are rebuilt under a lock that blocks writes (decision 0004).
+
+Version 0.8: on PostgreSQL ``ix_outbox_events_key_turn`` (a key's rows in flight first,
+then its rows at rest in ``seq`` order) replaces ``ix_outbox_events_key_order`` and
+``ix_outbox_events_key_in_flight``, which SQLite keeps (``engine.storage.schema.ONLY_ON``). A
+PostgreSQL database without it is outdated (``missing_indexes``); the upgrade builds it
+and drops the two, with the same caution on a large table as 0.4's (decision 0003).
 
 Version 0.9 ("Exactly-once effects"): ``outbox_events.causation_id`` and
 ``correlation_id`` (the event whose handler published a row, and the first event of its
@@ -76,9 +76,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, inspect, text
-from sqlalchemy.engine import Inspector
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy import Connection, create_mock_engine, inspect, text
+from sqlalchemy.engine import URL, Inspector, make_url
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.schema import CreateIndex
 
 from engine.storage.schema import (
     KEY_COLLATION,
@@ -232,68 +233,165 @@ def outdated_parts(sync_conn: Connection) -> list[str]:
     return tables + _missing_columns(inspector) + missing_indexes(sync_conn) + collations
 
 
-def _upgrade(sync_conn: Connection) -> list[str]:
-    pg = sync_conn.dialect.name == "postgresql"
-    done: list[str] = []
+def upgrade_steps(sync_conn: Connection) -> list[tuple[str, list[str]]]:
+    """The upgrade steps this database still needs, each as (what it does, its SQL), in
+    order, decided from the database as it is now; nothing is changed.
 
-    def run(sql: str) -> None:
-        sync_conn.execute(text(sql))
-
+    Empty for a current database. ``_upgrade`` runs them (init-db); ``schema_sql`` prints
+    them (``init-db --sql``); ``engine.storage.alembic_ops`` runs them in a migration. The
+    outbox tables must exist (``create_all`` makes missing ones first).
+    """
+    dialect = sync_conn.dialect
+    pg = dialect.name == "postgresql"
+    steps: list[tuple[str, list[str]]] = []
     for name in missing_columns(sync_conn):
         table, column = name.split(".")
         if name == "outbox_events.seq":
             if pg:  # PostgreSQL numbers the existing rows as it adds the identity column
-                run(
+                sql = [
                     "ALTER TABLE outbox_events "
                     "ADD COLUMN seq BIGINT GENERATED BY DEFAULT AS IDENTITY"
-                )
+                ]
             else:
-                run("ALTER TABLE outbox_events ADD COLUMN seq BIGINT")
-                run("UPDATE outbox_events SET seq = rowid")
+                sql = [
+                    "ALTER TABLE outbox_events ADD COLUMN seq BIGINT",
+                    "UPDATE outbox_events SET seq = rowid",
+                ]
         elif name == "outbox_replay_log.action":
-            run(
+            sql = [
                 "ALTER TABLE outbox_replay_log "
                 "ADD COLUMN action VARCHAR(16) NOT NULL DEFAULT 'replay'"
-            )
+            ]
         else:
             source = outbox_events if table == "outbox_events" else replay_log
-            ddl_type = source.c[column].type.compile(dialect=sync_conn.dialect)
-            run(f"ALTER TABLE {table} ADD COLUMN {column} {ddl_type}")
-        done.append(f"added {name}")
-    if not pg:
-        run(SQLITE_SEQ_TRIGGER)
+            ddl_type = source.c[column].type.compile(dialect=dialect)
+            sql = [f"ALTER TABLE {table} ADD COLUMN {column} {ddl_type}"]
+        steps.append((f"added {name}", sql))
+    if not pg and not _has_seq_trigger(sync_conn):
+        steps.append(("", [SQLITE_SEQ_TRIGGER]))
     for column in recollated_columns(sync_conn):
-        ddl_type = outbox_events.c[column].type.compile(dialect=sync_conn.dialect)
-        run(f"ALTER TABLE {outbox_events.name} ALTER COLUMN {column} TYPE {ddl_type}")
-        done.append(f'{outbox_events.name}.{column} compared bytewise (COLLATE "{KEY_COLLATION}")')
-    for respelled in respelled_indexes(sync_conn):
-        run(f"DROP INDEX {respelled}")  # made again just below, spelled as this version does
-    indexes = _index_names(sync_conn)
-    for index in indexes_for(sync_conn.dialect.name):
+        ddl_type = outbox_events.c[column].type.compile(dialect=dialect)
+        steps.append(
+            (
+                f'{outbox_events.name}.{column} compared bytewise (COLLATE "{KEY_COLLATION}")',
+                [f"ALTER TABLE {outbox_events.name} ALTER COLUMN {column} TYPE {ddl_type}"],
+            )
+        )
+    respelled = respelled_indexes(sync_conn)
+    for name in respelled:
+        steps.append(("", [f"DROP INDEX {name}"]))  # made again below, spelled as now
+    indexes = _index_names(sync_conn) - set(respelled)
+    for index in indexes_for(dialect.name):
         if index.name not in indexes:
-            index.create(sync_conn)
-            done.append(f"created index {index.name}")
-    for retired in _RETIRED_INDEXES + _RETIRED_ON.get(sync_conn.dialect.name, ()):
+            create = str(CreateIndex(index).compile(dialect=dialect))
+            steps.append((f"created index {index.name}", [create]))
+    steps += _other_tables_indexes(sync_conn)
+    for retired in _RETIRED_INDEXES + _RETIRED_ON.get(dialect.name, ()):
         if retired in indexes:
-            run(f"DROP INDEX {retired}")
-            done.append(f"dropped index {retired}")
+            steps.append((f"dropped index {retired}", [f"DROP INDEX {retired}"]))
     if pg and "ck_outbox_events_ordering_key" not in {
         c["name"] for c in inspect(sync_conn).get_check_constraints("outbox_events")
     }:
-        run(
-            "ALTER TABLE outbox_events ADD CONSTRAINT ck_outbox_events_ordering_key "
-            "CHECK (ordering_key <> '')"
+        steps.append(
+            (
+                "added checks ck_outbox_events_ordering_key, ck_outbox_events_max_attempts",
+                [
+                    "ALTER TABLE outbox_events ADD CONSTRAINT ck_outbox_events_ordering_key "
+                    "CHECK (ordering_key <> '')",
+                    # NOT VALID: new rows are checked; an old row with 0 is dead-lettered on
+                    # its claim.
+                    "ALTER TABLE outbox_events ADD CONSTRAINT ck_outbox_events_max_attempts "
+                    "CHECK (max_attempts >= 1) NOT VALID",
+                ],
+            )
         )
-        # NOT VALID: new rows are checked; an old row with 0 is dead-lettered on its claim.
-        run(
-            "ALTER TABLE outbox_events ADD CONSTRAINT ck_outbox_events_max_attempts "
-            "CHECK (max_attempts >= 1) NOT VALID"
-        )
-        done.append("added checks ck_outbox_events_ordering_key, ck_outbox_events_max_attempts")
+    return steps
+
+
+def _other_tables_indexes(sync_conn: Connection) -> list[tuple[str, list[str]]]:
+    """Indexes of the other outbox tables that an earlier version's tables lack (0.1's
+    ``outbox_replay_log`` had no ``ix_outbox_replay_log_event``); a missing table is made
+    whole by ``create_all`` and is not looked at here."""
+    inspector = inspect(sync_conn)
+    present = set(inspector.get_table_names())
+    steps = []
+    for table in metadata.sorted_tables:
+        if table is outbox_events or table.name not in present or not table.indexes:
+            continue
+        found = {i["name"] for i in inspector.get_indexes(table.name)}
+        for index in sorted(table.indexes, key=lambda i: str(i.name)):
+            if index.name not in found:
+                create = str(CreateIndex(index).compile(dialect=sync_conn.dialect))
+                steps.append((f"created index {index.name}", [create]))
+    return steps
+
+
+def _has_seq_trigger(sync_conn: Connection) -> bool:
+    found = sync_conn.execute(
+        text("SELECT 1 FROM sqlite_master WHERE type = 'trigger' AND name = 'outbox_events_seq'")
+    )
+    return found.first() is not None
+
+
+def _upgrade(sync_conn: Connection) -> list[str]:
+    done: list[str] = []
+    for description, statements in upgrade_steps(sync_conn):
+        for sql in statements:
+            sync_conn.execute(text(sql))
+        if description:
+            done.append(description)
     return done
+
+
+def _printable(ddl: str) -> str:
+    """DDL as SQLAlchemy renders it, with its tabs as spaces and no trailing blanks."""
+    return "\n".join(line.rstrip() for line in ddl.expandtabs(4).strip().splitlines())
+
+
+def new_schema_sql(url: str | URL) -> list[str]:
+    """Every statement that creates the outbox schema on an empty database of ``url``'s
+    dialect, made without connecting (``init-db --sql`` for a SQLite file not there yet)."""
+    statements: list[str] = []
+    mock_url = make_url(url)
+
+    def record(sql: Any, *_multiparams: Any, **_params: Any) -> None:
+        statements.append(_printable(str(sql.compile(dialect=mock.dialect))))
+
+    mock = create_mock_engine(mock_url, record)
+    metadata.create_all(mock, checkfirst=False)
+    return statements
+
+
+def schema_sql(sync_conn: Connection) -> list[str]:
+    """Every statement ``create_schema`` would run on this database, in order, without
+    running any: the tables it lacks (with their indexes and, on SQLite, the ``seq``
+    trigger), then the upgrade steps of tables an earlier version made. Empty when the
+    database is current (``outbox-tui init-db --sql``)."""
+    missing = [metadata.tables[name] for name in missing_tables(sync_conn)]
+    statements: list[str] = []
+    if missing:
+
+        def record(sql: Any, *_multiparams: Any, **_params: Any) -> None:
+            statements.append(_printable(str(sql.compile(dialect=sync_conn.dialect))))
+
+        mock = create_mock_engine(sync_conn.engine.url, record)
+        metadata.create_all(mock, tables=missing, checkfirst=False)
+    if outbox_events not in missing:
+        statements += [sql for _what, step in upgrade_steps(sync_conn) for sql in step]
+    return statements
 
 
 async def upgrade_schema(conn: AsyncConnection) -> list[str]:
     """Apply the steps this database still needs (inside the caller's transaction)."""
     result: Any = await conn.run_sync(_upgrade)
     return list(result)
+
+
+async def schema_statements(engine: AsyncEngine) -> list[str]:
+    """The SQL ``create_schema`` would run on this database, without running it (empty
+    when the database is current); see engine.storage.migrations.schema_sql."""
+    from engine.storage.database import read_only_engine, storage_errors
+
+    async with storage_errors(engine.url), read_only_engine(engine).connect() as conn:
+        statements: list[str] = await conn.run_sync(schema_sql)
+    return statements

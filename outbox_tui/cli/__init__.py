@@ -18,9 +18,19 @@ from collections.abc import Iterator, Sequence
 from types import ModuleType
 
 from engine.service import load_registry
-from engine.storage.database import mask_secrets
+from engine.storage.secrets import mask_secrets
 from outbox_tui import PROG, __version__
-from outbox_tui.cli import console, consume, dead_letter, dispatch, init_db, pause, stats
+from outbox_tui.cli import (
+    catalog,
+    console,
+    consume,
+    dead_letter,
+    dispatch,
+    event,
+    init_db,
+    pause,
+    stats,
+)
 from outbox_tui.cli.errors import EXIT_USAGE, UsageError, run_guarded
 from outbox_tui.cli.event_loop import run_coroutine
 from outbox_tui.cli.options import (
@@ -33,7 +43,16 @@ from outbox_tui.cli.options import (
 )
 from outbox_tui.cli.redaction import RedactingStream, Redactor, SecretFilter, configure_logging
 
-COMMAND_GROUPS: tuple[ModuleType, ...] = (dispatch, consume, dead_letter, pause, stats, init_db)
+COMMAND_GROUPS: tuple[ModuleType, ...] = (
+    dispatch,
+    consume,
+    dead_letter,
+    pause,
+    stats,
+    event,
+    init_db,
+    catalog,
+)
 # Commands that need every setting valid; the others only read and go on without a bad
 # dispatcher setting (stats says what it could not count).
 STRICT_SETTINGS = ("console", "dispatch", "dispatch-once", "consume")
@@ -61,6 +80,7 @@ def build_parser() -> Parser:
             f"{PROG} dead-letter skip --event-id 0190... --yes --reason 'handled by hand'",
             f"{PROG} dead-letter groups",
             f"{PROG} pause --event-type orders.placed --reason 'CRM down' --yes",
+            f"{PROG} catalog --installed-app outbox_tui.examples.orders --asyncapi",
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -103,6 +103,7 @@ def test_help_runs_as_a_program(cli: Cli) -> None:
     assert "--dispatch" in result.stdout and "dead-letter" in result.stdout
 
 
+@pytest.mark.all_drivers
 async def test_init_db_then_stats(cli: Cli, database_url: str) -> None:
     missing = cli("stats", "--json", "--database-url", database_url)
     missing.assert_one_error_line("outbox-tui init-db", status=1)
@@ -152,6 +153,7 @@ async def test_dispatch_once_with_the_example_app(cli: Cli, orders_url: str) -> 
 
 
 @sqlite_only
+@pytest.mark.all_drivers
 async def test_stats_after_work(cli: Cli, dead_letters_url: str) -> None:
     result = cli("stats", "--json", env={"OUTBOX_DATABASE_URL": dead_letters_url})
     assert result.returncode == 0, result
@@ -242,6 +244,7 @@ async def _audit(url: str) -> list[dict[str, object]]:
         await engine.dispose()
 
 
+@pytest.mark.all_drivers
 async def test_replay_safeguards_dry_run_and_audit(cli: Cli, dead_letters_url: str) -> None:
     env = {"OUTBOX_DATABASE_URL": dead_letters_url}
     dead = await _ids(dead_letters_url, DEAD_LETTER)

@@ -36,11 +36,11 @@ from engine.inbox.heartbeat import CONSUMER_KIND, ConsumerTotals, consumer_detai
 from engine.operating.insights import EventSummary
 from engine.operating.pauses import pause
 from engine.running.heartbeat import Heartbeat
+from engine.service import load_registry
 from engine.settings import DispatcherSettings
 from engine.storage.schema import DEAD_LETTER, outbox_events
 from engine.writing.registry import EventRegistry
 from outbox_tui.app import ConsoleConfig, OutboxConsole, make_app
-from outbox_tui.apps import load_registry
 from outbox_tui.examples.orders import create_tables
 from outbox_tui.examples.orders.traffic import generate_orders
 from outbox_tui.screens.confirm import ConfirmModal
@@ -114,7 +114,7 @@ async def build_showcase(database_url: str, clock: FixedClock | None = None) -> 
             reg,
             dispatcher_id="orders-worker-1",
             batch_size=12,
-            backoff=BackoffPolicy(base_seconds=120, max_seconds=900),
+            backoff=BackoffPolicy(base_seconds=120, max_seconds=900, jitter=0),
             clock=clock,
         )
         await worker.dispatch_once()
@@ -249,7 +249,7 @@ async def warm_up(pilot: Pilot[object], clock: FixedClock, refreshes: int = 20) 
         registry(),
         dispatcher_id="orders-worker-1",
         batch_size=1,
-        backoff=BackoffPolicy(base_seconds=120, max_seconds=900),
+        backoff=BackoffPolicy(base_seconds=120, max_seconds=900, jitter=0),
         clock=clock,
     )
     pattern = (1, 0, 2, 1, 0, 1, 3, 1, 0, 2, 1, 1, 0, 2, 1, 0, 1, 2, 1, 1)
@@ -428,6 +428,16 @@ async def scene_confirm_replay_dedup(pilot: Pilot[object], clock: FixedClock) ->
     await _wait(pilot, lambda: isinstance(app.screen, ConfirmModal), "the dialog")
 
 
+async def scene_catalog(pilot: Pilot[object], clock: FixedClock) -> None:
+    """The event catalog (c), with the second type's schemas under the table."""
+    from outbox_tui.screens.catalog import CatalogScreen
+
+    app = await _first_refresh(pilot)
+    await pilot.press("c")
+    await _wait(pilot, lambda: isinstance(app.screen, CatalogScreen), "the catalog")
+    await pilot.press("down")
+
+
 INBOX_QUEUE = "orders.from-storefront"
 
 
@@ -571,6 +581,7 @@ SCENES: dict[str, Callable[[Pilot[object], FixedClock], Awaitable[None]]] = {
     "error-groups": scene_error_groups,
     "confirm-pause": scene_confirm_pause,
     "confirm-replay-dedup": scene_confirm_replay_dedup,
+    "catalog": scene_catalog,
     "inbox": scene_inbox,
     "inbound-dead-letter": scene_inbound_dead_letter,
 }
