@@ -6,6 +6,7 @@ report it came from) as rich text for people (``outbox_tui.output.tables``).
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -57,8 +58,17 @@ def dead_letter_record(event: EventSummary) -> dict[str, Any]:
 
 
 def _plain(row: Mapping[str, Any]) -> dict[str, Any]:
-    """A row's columns, with timestamps as ISO 8601 text."""
-    return {k: iso(v) if isinstance(v, datetime) else v for k, v in row.items()}
+    """A row's columns, with timestamps as ISO 8601 text and bytes (an undecodable inbound
+    message's ``inbound_body``) as base64."""
+    return {k: _plain_value(v) for k, v in row.items()}
+
+
+def _plain_value(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return iso(value)
+    if isinstance(value, bytes | bytearray | memoryview):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    return value
 
 
 def event_detail_record(detail: EventDetail) -> dict[str, Any]:

@@ -3,10 +3,15 @@ remembers and for how long (the dedup window)."""
 
 from __future__ import annotations
 
+import base64
+
+from sqlalchemy import select
+
 from engine import EventRegistry, create_engine, create_schema
 from engine.inbox import InboxWriter, ReceivedMessage, RowBuilder, decode_message
 from engine.inbox.heartbeat import CONSUMER_KIND, ConsumerTotals, consumer_details
 from engine.running.heartbeat import Heartbeat
+from engine.storage.schema import outbox_events as t
 from tests.cli.conftest import Cli, cli  # noqa: F401 - shared fixture
 from tests.inbox.corpus import LIMIT, STRUCTURED, TYPE, encoded, event
 
@@ -66,3 +71,23 @@ async def test_stats_shows_consumers_and_what_the_inbox_remembers(
     assert "inbox consumers (heartbeats)" in text.stdout
     assert "billing.inbox" in text.stdout
     assert "dispatchers (heartbeats)" in text.stdout
+
+
+async def test_the_event_command_shows_an_undecodable_messages_raw_body(
+    cli: Cli,  # noqa: F811
+    sqlite_url: str,
+) -> None:
+    db = create_engine(sqlite_url)
+    try:
+        await create_schema(db)
+        await seed_inbox(db)
+        async with db.connect() as conn:
+            [(event_id,)] = (
+                await conn.execute(select(t.c.id).where(t.c.status == "dead_letter"))
+            ).all()
+    finally:
+        await db.dispose()
+    record = cli("event", event_id, "--json", env={"OUTBOX_DATABASE_URL": sqlite_url}).json()
+    assert base64.b64decode(record["inbound_body"]) == b"garbage"
+    assert record["inbound_queue"] == "billing.inbox"
+    assert record["payload"]["amqp"]["content_type"] == STRUCTURED
