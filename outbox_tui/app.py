@@ -61,6 +61,9 @@ class ConsoleConfig:
     published_recount_seconds: float = 10.0
     pending_age: AgeThresholds = field(default_factory=AgeThresholds)
     dedup_window_seconds: float | None = None  # None: the default, 7 days
+    # A line under the header, in wordings longest first (the demo says its failures are
+    # deliberate); empty: none.
+    note: tuple[str, ...] = ()
 
 
 class BackgroundTraffic(Protocol):
