@@ -22,6 +22,7 @@ from typing import Any
 from benchmarks import (
     console_million_rows,
     drains,
+    inbox,
     peer_amqp,
     peer_pgqueuer,
     producing,
@@ -72,6 +73,8 @@ class Sizes:
     console: tuple[int, int] | None = None  # (100_000, 1_000_000) with --large
     console_watch_seconds: float = 5.0
     effects: int = 20_000  # l and m: one business row per event, a commit per event
+    inbox: int = 100_000
+    end_to_end: int = 10_000
 
 
 def record(sid: str, title: str, **fields: Any) -> dict[str, Any]:
@@ -386,6 +389,69 @@ async def relay(ctx: Context, sizes: Sizes) -> dict[str, Any]:
         body_bytes=body,
         target=">= 0.7",
         met=met(result["ratio"], ">= 0.7"),
+        **result,
+    )
+
+
+async def consume(ctx: Context, sizes: Sizes) -> dict[str, Any]:
+    n = sizes.inbox
+    title = (
+        f"n. consume {n:,} CloudEvents into the inbox: ours / raw aio-pika consuming the "
+        "same queue with manual acks, doing nothing"
+    )
+    if ctx.amqp_url is None:
+        return skipped("n", title, "no RabbitMQ (pass --amqp-url)")
+    try:
+        runs = await alternate(
+            sizes.repeats,
+            [
+                ("ours", lambda: inbox.ours_consume(ctx, n)),
+                ("raw", lambda: inbox.raw_consume(ctx, n)),
+            ],
+        )
+    finally:
+        await inbox.delete_queues(ctx.amqp_url)
+    result = ratio(runs["ours"], runs["raw"])
+    return record(
+        "n",
+        title,
+        unit="messages/s",
+        ours=side(f"outbox-tui consume ×1, prefetch {inbox.PREFETCH}", runs["ours"]),
+        peer=side(f"aio-pika, prefetch {inbox.PREFETCH}, an ack each", runs["raw"]),
+        target=">= 0.7",
+        met=met(result["ratio"], ">= 0.7"),
+        **result,
+    )
+
+
+async def end_to_end(ctx: Context, sizes: Sizes) -> dict[str, Any]:
+    n = sizes.end_to_end
+    title = (
+        f"o. {n:,} events end to end, A's outbox → relay → RabbitMQ → B's inbox → B's "
+        "handler: / A's relay alone (reported)"
+    )
+    if ctx.amqp_url is None:
+        return skipped("o", title, "no RabbitMQ (pass --amqp-url)")
+    try:
+        runs = await alternate(
+            noisy_row_repeats(sizes, sizes.relay_repeats),
+            [
+                ("ours", lambda: inbox.end_to_end(ctx, n)),
+                ("relay", lambda: drains.relay(ctx, n)),
+            ],
+        )
+    finally:
+        await peer_amqp.delete_queue(ctx.amqp_url)
+        await inbox.delete_queues(ctx.amqp_url)
+    result = ratio(runs["ours"], runs["relay"])
+    return record(
+        "o",
+        title,
+        unit="events/s",
+        ours=side("A's relay + B's consume + B's dispatcher, one process each", runs["ours"]),
+        peer=side(f"A's relay alone, batch {ctx.batch_size}", runs["relay"]),
+        target=None,
+        met=None,
         **result,
     )
 

@@ -26,6 +26,7 @@ dead letters".
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Collection, Mapping
@@ -42,7 +43,7 @@ from pydantic import (
 )
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
-from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
 from engine.dispatch import CONCURRENCY_PER_BATCH, MAX_BATCH_SIZE
 from engine.dispatch.backoff import DEFAULT_BACKOFF
@@ -126,6 +127,18 @@ class DispatcherSettings(BaseModel):
     retention_batch_size: Annotated[
         int, Field(ge=1, le=100_000, description="rows deleted per retention statement")
     ] = 500
+    inbound_retention_seconds: Annotated[
+        float | None,
+        Field(
+            gt=0,
+            le=_TEN_YEARS,
+            description="delete published inbound rows (engine.inbox) after this long: the "
+            "inbox's dedup window (default: dedup_window_seconds, 7 days)",
+            json_schema_extra={
+                "requirement": "a number of seconds greater than 0 and at most 315360000"
+            },
+        ),
+    ] = None
     heartbeat_retention_seconds: Annotated[
         float | None,
         Field(
@@ -233,6 +246,94 @@ class ConsoleSettings(BaseModel):
     ] = 100
 
 
+# AMQP names a queue in at most 255 bytes; a binding is EXCHANGE:ROUTING_KEY.
+_QUEUE_PATTERN = r"^[^\x00-\x1f]{1,255}$"
+_BINDING_PATTERN = r"^[^:\x00-\x1f]{1,255}:[^\x00-\x1f]{0,255}$"
+
+
+class ConsumerSettings(BaseModel):
+    """How an inbox consumer (``outbox-tui consume``, engine.inbox) takes messages."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    queue: Annotated[
+        str | None,
+        Field(
+            pattern=_QUEUE_PATTERN,
+            description="the queue to consume (declared durable unless --passive)",
+            json_schema_extra={"requirement": "a queue name of 1 to 255 characters"},
+        ),
+    ] = None
+    bindings: Annotated[
+        tuple[Annotated[str, Field(pattern=_BINDING_PATTERN)], ...],
+        NoDecode,  # the variable is read by _bindings: one binding, a list, or JSON
+        Field(
+            description="bind the queue to EXCHANGE by ROUTING_KEY (in the variable: "
+            "bindings separated by spaces, or a JSON list)",
+            json_schema_extra={
+                "flag": "--bind",
+                "requirement": "EXCHANGE:ROUTING_KEY (an exchange name, a colon, a routing key)",
+            },
+        ),
+    ] = ()
+    prefetch: Annotated[
+        int,
+        Field(
+            ge=1,
+            le=65_535,
+            description="unacked messages the broker sends ahead (default 1000)",
+        ),
+    ] = 1000
+    max_batch: Annotated[
+        int,
+        Field(
+            ge=1,
+            le=1000,
+            description="messages written in one transaction, at most (default 500)",
+        ),
+    ] = 500
+    max_message_bytes: Annotated[
+        int,
+        Field(
+            ge=1,
+            le=128 * 1024 * 1024,
+            description="a larger message is stored dead-lettered, not decoded (default 1 MiB)",
+        ),
+    ] = 1024 * 1024
+    passive: Annotated[
+        bool,
+        Field(description="only check that the queue exists: declare and bind nothing"),
+    ] = False
+    single_active_consumer: Annotated[
+        bool,
+        Field(
+            description="declare the queue with x-single-active-consumer: one consumer "
+            "at a time takes messages, the others stand by (per-key order with several)"
+        ),
+    ] = False
+    default_tenant: Annotated[
+        str,
+        Field(
+            max_length=128,
+            description="tenant of events that name none (default '')",
+            json_schema_extra={"requirement": "a tenant id of at most 128 characters"},
+        ),
+    ] = ""
+
+    @field_validator("bindings", mode="before")
+    @classmethod
+    def _bindings(cls, value: Any) -> Any:
+        """``ex:a.# ex:b.*`` or ``["ex:a.#", "ex:b.*"]`` from the variable."""
+        if not isinstance(value, str):
+            return value
+        if value.lstrip().startswith("["):
+            try:
+                return json.loads(value)
+            except ValueError:
+                return (value,)  # refused by the pattern, with the value shown
+        return tuple(value.split())
+
+
 class OutboxSettings(BaseSettings):
     """Everything a process of this project reads from its environment."""
 
@@ -250,7 +351,10 @@ class OutboxSettings(BaseSettings):
     ] = DEFAULT_DATABASE_URL
     amqp_url: Annotated[
         str | None,
-        Field(description="relay events to RabbitMQ instead of running handlers"),
+        Field(
+            description="RabbitMQ: dispatch relays events to it instead of running handlers, "
+            "consume takes events from it"
+        ),
     ] = None
     exchange: Annotated[
         str, Field(min_length=1, description=f"RabbitMQ exchange (default {DEFAULT_EXCHANGE})")
@@ -276,11 +380,13 @@ class OutboxSettings(BaseSettings):
     log_level: Annotated[
         LogLevel | None,
         Field(
-            description="DEBUG, INFO, WARNING, ERROR, CRITICAL (default WARNING, INFO for dispatch)"
+            description="DEBUG, INFO, WARNING, ERROR, CRITICAL (default WARNING, INFO for "
+            "dispatch and consume)"
         ),
     ] = None
     console: ConsoleSettings = Field(default_factory=lambda: ConsoleSettings())
     dispatcher: DispatcherSettings = Field(default_factory=lambda: DispatcherSettings())
+    consumer: ConsumerSettings = Field(default_factory=lambda: ConsumerSettings())
     # How long consumers remember event ids: replays of older events warn (engine.operating.replay).
     dedup_window_seconds: Annotated[
         float,
@@ -311,10 +417,20 @@ class OutboxSettings(BaseSettings):
             )
         return self
 
+    @model_validator(mode="after")
+    def _inbound_window(self) -> OutboxSettings:
+        """Inbound rows are kept as long as the dedup window unless told otherwise: a
+        duplicate is refused only while the row of its first copy is there."""
+        if self.dispatcher.inbound_retention_seconds is None:
+            window = {"inbound_retention_seconds": self.dedup_window_seconds}
+            object.__setattr__(self, "dispatcher", self.dispatcher.model_copy(update=window))
+        return self
+
 
 _SECTIONS: dict[str, type[BaseModel]] = {
     "dispatcher": DispatcherSettings,
     "console": ConsoleSettings,
+    "consumer": ConsumerSettings,
 }
 
 
@@ -511,7 +627,8 @@ def describe_validation_error(
     ``flags``: as for ``load_settings``.
     """
     error = exc.errors()[0]
-    loc = within + tuple(str(part) for part in error["loc"])
+    # An item of a list setting (a binding) is named by its setting.
+    loc = within + tuple(str(part) for part in error["loc"] if not isinstance(part, int))
     ctx = error.get("ctx") or {}
     if "setting" in ctx:  # a cross-field rule names the field it blames
         loc = (*loc, str(ctx["setting"]))
@@ -548,7 +665,10 @@ def _field_info(loc: tuple[str, ...]) -> FieldInfo | None:
 
 
 def _requirement(field: FieldInfo) -> str:
-    """What a valid value looks like, from the field's type and bounds."""
+    """What a valid value looks like, from the field's type and bounds (or its own words)."""
+    extra = field.json_schema_extra
+    if isinstance(extra, dict) and isinstance(extra.get("requirement"), str):
+        return str(extra["requirement"])
     annotation = field.annotation
     optional = False
     args = get_args(annotation)

@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import logging
 import os
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -30,6 +29,7 @@ from tests.console.showcase import (  # noqa: E402 - after the path set-up above
     SIZE,
     FixedClock,
     build_showcase,
+    copy_database,
     showcase_app,
 )
 
@@ -50,6 +50,8 @@ NAMES = {
     "confirm-pause": "confirm-pause.svg",
     "confirm-replay-dedup": "confirm-replay-dedup.svg",
     "catalog": "catalog.svg",
+    "inbox": "inbox.svg",
+    "inbound-dead-letter": "inbound-dead-letter.svg",
 }
 # At 80x24 too: the terminal operators have.
 SMALL = (80, 24)
@@ -60,6 +62,7 @@ SMALL_SCENES = (
     "confirm-replay",
     "blocked-keys",
     "error-groups",
+    "inbox",
 )
 
 
@@ -91,7 +94,7 @@ def main() -> int:
         for scene, size, name in shots:
             work = Path(tmp) / name
             work.mkdir()
-            shutil.copy(master / "showcase.db", work / "showcase.db")
+            copy_database(master / "showcase.db", work / "showcase.db")
             os.chdir(work)  # the app opens ./showcase.db: no temporary path in the header
             path = asyncio.run(shoot(scene, out, size, name))
             print(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")

@@ -114,6 +114,7 @@ class Decoder:
             raw,
             values["causation_id"],
             values["correlation_id"],
+            values["ordering_key"],
         )
 
     def _decode(self, row: ClaimedRow) -> tuple[EventEnvelope | None, str]:

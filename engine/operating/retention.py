@@ -12,26 +12,56 @@ operator actions, and outlive the event on purpose.
 Each call deletes at most ``batch_size`` rows in one short transaction, oldest
 ``published_at`` first through the partial index ``ix_outbox_events_published_at``
 (``WHERE status = 'published'``), so a large backlog never holds a long lock.
+
+Inbound rows (engine.inbox) have a retention of their own, the inbox's dedup window: a
+second delivery of an event is refused only while the row of its first is there. The
+local purge leaves an inbound row alone until that window passed too (when it is the
+longer one), and ``purge_inbound`` deletes inbound rows past it through
+``ix_outbox_events_inbound_published``, which holds only those (when it is the shorter).
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from sqlalchemy import Select, delete, select, text
+from sqlalchemy import Select, delete, or_, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from engine.storage.schema import PUBLISHED, handler_runs, outbox_events, process_heartbeats
+from engine.operating.replay import DEFAULT_DEDUP_WINDOW
+from engine.storage.schema import (
+    INBOUND_PUBLISHED_PREDICATE,
+    PUBLISHED,
+    handler_runs,
+    outbox_events,
+    process_heartbeats,
+)
 
 t = outbox_events
 DEFAULT_BATCH_SIZE = 500
 
 
-def purge_candidates(older_than: datetime, batch_size: int) -> Select[tuple[str]]:
-    """The oldest published rows past the cut-off, through ix_outbox_events_published_at."""
+def purge_candidates(
+    older_than: datetime, batch_size: int, *, inbound_older_than: datetime | None = None
+) -> Select[tuple[str]]:
+    """The oldest published rows past the cut-off, through ix_outbox_events_published_at.
+
+    ``inbound_older_than``: the inbound rows' own cut-off; when it is the earlier one, an
+    inbound row must be past it too (its window is the longer).
+    """
+    stmt = select(t.c.id).where(t.c.status == PUBLISHED, t.c.published_at <= older_than)
+    if inbound_older_than is not None and inbound_older_than < older_than:
+        stmt = stmt.where(or_(t.c.inbound_id.is_(None), t.c.published_at <= inbound_older_than))
+    return stmt.order_by(t.c.published_at).limit(batch_size)
+
+
+def inbound_purge_candidates(older_than: datetime, batch_size: int) -> Select[tuple[str]]:
+    """The oldest published inbound rows past their cut-off, through
+    ix_outbox_events_inbound_published: the query repeats its predicate, and SQLite is told
+    the index (the published_at index would also give the order, past every local row)."""
     return (
         select(t.c.id)
-        .where(t.c.status == PUBLISHED, t.c.published_at <= older_than)
+        .with_hint(t, "INDEXED BY ix_outbox_events_inbound_published", "sqlite")
+        .where(text(INBOUND_PUBLISHED_PREDICATE), t.c.published_at <= older_than)
         .order_by(t.c.published_at)
         .limit(batch_size)
     )
@@ -46,12 +76,32 @@ PURGE_PLAN = text("SET LOCAL enable_sort = off")
 
 
 async def purge_published(
-    engine: AsyncEngine, *, older_than: datetime, batch_size: int = DEFAULT_BATCH_SIZE
+    engine: AsyncEngine,
+    *,
+    older_than: datetime,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    inbound_older_than: datetime | None = None,
 ) -> int:
-    """Delete up to ``batch_size`` rows published at or before ``older_than``; returns how many."""
+    """Delete up to ``batch_size`` rows published at or before ``older_than`` (an inbound
+    row also at or before ``inbound_older_than``, when given); returns how many."""
     if batch_size < 1:
         raise ValueError("batch_size must be >= 1")
-    candidates = purge_candidates(older_than, batch_size)
+    candidates = purge_candidates(older_than, batch_size, inbound_older_than=inbound_older_than)
+    return await _delete(engine, candidates)
+
+
+async def purge_inbound(
+    engine: AsyncEngine, *, older_than: datetime, batch_size: int = DEFAULT_BATCH_SIZE
+) -> int:
+    """Delete up to ``batch_size`` inbound rows published at or before ``older_than`` (the
+    end of their dedup window); returns how many."""
+    if batch_size < 1:
+        raise ValueError("batch_size must be >= 1")
+    return await _delete(engine, inbound_purge_candidates(older_than, batch_size))
+
+
+async def _delete(engine: AsyncEngine, candidates: Select[tuple[str]]) -> int:
+    """Delete the rows ``candidates`` picks, with their handler-run records."""
     async with engine.begin() as conn:
         if conn.dialect.name == "postgresql":
             await conn.execute(PURGE_PLAN)
@@ -76,6 +126,12 @@ async def purge_heartbeats(engine: AsyncEngine, *, older_than: datetime) -> int:
             delete(process_heartbeats).where(process_heartbeats.c.last_seen_at < older_than)
         )
         return int(result.rowcount)
+
+
+def inbound_window(seconds: float | None) -> float:
+    """How long inbound rows are kept: ``inbound_retention_seconds`` when set, else the
+    default dedup window (``OutboxSettings`` fills the setting from its own window)."""
+    return seconds if seconds is not None else DEFAULT_DEDUP_WINDOW.total_seconds()
 
 
 def retention_cutoff(now: datetime, retention_seconds: float) -> datetime:

@@ -13,6 +13,9 @@ so the mapping is unit-tested without a broker. Attribute choices:
   ``tenantid``, ``eventversion``, ``aggregatetype``, ``aggregateid``,
   ``traceid`` (the payload's ``trace_id`` as is) and ``traceparent`` (W3C
   Trace Context) when one can be derived from that trace id.
+* ``partitionkey`` (the CloudEvents partitioning extension) is an ordered event's
+  ``ordering_key``: the receiving inbox (engine.inbox) restores it as the row's key,
+  so the receiving dispatchers keep the per-key order.
 """
 
 from __future__ import annotations
@@ -101,6 +104,8 @@ def to_cloudevent(
         "aggregatetype": envelope.aggregate_type,
         "aggregateid": envelope.aggregate_id,
     }
+    if envelope.ordering_key is not None:
+        event["partitionkey"] = envelope.ordering_key
     trace_id = envelope.trace_id
     if trace_id:
         event["traceid"] = trace_id

@@ -19,7 +19,8 @@ Housekeeping rides on the loop instead of extra tasks: the heartbeat upsert
 (throttled, see engine.running.heartbeat), metric gauges and the retention purge (at
 most every ``housekeeping_seconds``; the purge runs again at once while it
 finds full batches, and after every round that published when
-``retention_seconds`` is 0).
+``retention_seconds`` is 0). Inbound rows are kept for their own window,
+``inbound_retention_seconds``: the inbox's dedup window.
 """
 
 from __future__ import annotations
@@ -38,7 +39,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from engine.clock import Clock
 from engine.dispatch import DispatchResult, OutboxDispatcher
 from engine.errors import InstalledAppError, StorageError
-from engine.operating.retention import purge_heartbeats, purge_published, retention_cutoff
+from engine.operating.retention import (
+    inbound_window,
+    purge_heartbeats,
+    purge_inbound,
+    purge_published,
+    retention_cutoff,
+)
 from engine.running.heartbeat import Heartbeat
 from engine.running.metrics import OutboxMetrics
 from engine.running.summary import RunSummary
@@ -46,6 +53,7 @@ from engine.running.wakeup import WakeupListener
 from engine.settings import DispatcherSettings
 from engine.storage.database import translate_storage_error
 from engine.storage.secrets import mask_secrets
+from engine.writing.registry import EventRegistry
 
 log = logging.getLogger("engine.runner")
 
@@ -59,6 +67,19 @@ STORAGE_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 IterationCallback = Callable[[RunSummary, DispatchResult], None]
+
+
+async def await_ready_hooks(registry: EventRegistry) -> None:
+    """The installed apps' start-up hooks (``EventRegistry.on_ready``), in registration
+    order; one that raises ends the run before it starts (``InstalledAppError``)."""
+    for hook in registry.ready_hooks():
+        try:
+            await hook()
+        except Exception as exc:
+            name = getattr(hook, "__qualname__", repr(hook))
+            raise InstalledAppError(
+                f"the ready hook {name} failed: {type(exc).__name__}: {exc}"
+            ) from exc
 
 
 async def run_dispatcher(
@@ -218,9 +239,7 @@ class _RunLoop:
     async def _housekeeping(self, result: DispatchResult) -> None:
         now = time.monotonic()
         retention = self.settings.retention_seconds
-        if retention is not None and (
-            (retention == 0 and result.published) or self._purge_backlog or now >= self._next_purge
-        ):
+        if (retention == 0 and result.published) or self._purge_backlog or now >= self._next_purge:
             self._next_purge = now + self.settings.housekeeping_seconds
             await self._purge(retention, result.published)
         keep_heartbeats = self.settings.heartbeat_retention_seconds
@@ -236,19 +255,33 @@ class _RunLoop:
         if self.heartbeat is not None:
             await self.heartbeat.beat(self._details())
 
-    async def _purge(self, retention: float, just_published: int) -> None:
+    async def _purge(self, retention: float | None, just_published: int) -> None:
+        """The published rows past the retention, then the inbound ones past the inbox's
+        dedup window when the local purge does not reach them (engine.operating.retention)."""
         batch = self.settings.retention_batch_size
-        # Bounded work per round: one batch, or (delete-on-publish) enough for this round.
-        passes = max(1, math.ceil(just_published / batch)) if retention == 0 else 1
+        inbound = inbound_window(self.settings.inbound_retention_seconds)
         purged = 0
         full = False
-        for _ in range(passes):
-            cutoff = retention_cutoff(self.clock(), retention)
-            count = await purge_published(self.engine, older_than=cutoff, batch_size=batch)
+        if retention is not None:
+            # Bounded work per round: one batch, or (delete-on-publish) enough for this round.
+            passes = max(1, math.ceil(just_published / batch)) if retention == 0 else 1
+            for _ in range(passes):
+                now = self.clock()
+                count = await purge_published(
+                    self.engine,
+                    older_than=retention_cutoff(now, retention),
+                    batch_size=batch,
+                    inbound_older_than=retention_cutoff(now, inbound),
+                )
+                purged += count
+                full = count >= batch
+                if not full:
+                    break
+        if retention is None or inbound < retention:
+            cutoff = retention_cutoff(self.clock(), inbound)
+            count = await purge_inbound(self.engine, older_than=cutoff, batch_size=batch)
             purged += count
-            full = count >= batch
-            if not full:
-                break
+            full = full or count >= batch
         self._purge_backlog = full
         if purged:
             self.summary.purged += purged
@@ -293,14 +326,7 @@ class _RunLoop:
                 await self.heartbeat.beat(self._details(), force=True)
             except STORAGE_ERRORS as exc:
                 self._storage_failed(exc, "heartbeat")
-        for hook in self.dispatcher.registry.ready_hooks():
-            try:
-                await hook()
-            except Exception as exc:
-                name = getattr(hook, "__qualname__", repr(hook))
-                raise InstalledAppError(
-                    f"the ready hook {name} failed: {type(exc).__name__}: {exc}"
-                ) from exc
+        await await_ready_hooks(self.dispatcher.registry)
 
     async def _stop(self) -> None:
         try:

@@ -62,6 +62,14 @@ and drops the two, with the same caution on a large table as 0.4's (decision 000
 Version 0.9 ("Exactly-once effects"): ``outbox_events.causation_id`` and
 ``correlation_id`` (the event whose handler published a row, and the first event of its
 chain), and the partial index ``ix_outbox_events_correlation`` that lists a chain.
+
+Version 0.10 ("The inbox"): ``outbox_events.traceparent`` and ``tracestate`` (W3C trace
+context), and the inbound columns ``inbound_source``, ``inbound_id``, ``inbound_queue``,
+``inbound_attributes`` and ``inbound_body`` (engine.inbox; null on every row written
+before); the unique partial index ``uq_outbox_events_inbound`` on (source, id) that
+refuses a second delivery of an inbound event, and ``ix_outbox_events_inbound_published``
+for the inbound rows' own retention. Both hold no existing row (their predicates need
+``inbound_id``), so on PostgreSQL they are built at once, with no rewrite of the table.
 """
 
 from __future__ import annotations
@@ -89,6 +97,13 @@ ADDED_COLUMNS = (
     ("outbox_events", "skipped_at"),
     ("outbox_events", "causation_id"),
     ("outbox_events", "correlation_id"),
+    ("outbox_events", "traceparent"),
+    ("outbox_events", "tracestate"),
+    ("outbox_events", "inbound_source"),
+    ("outbox_events", "inbound_id"),
+    ("outbox_events", "inbound_queue"),
+    ("outbox_events", "inbound_attributes"),
+    ("outbox_events", "inbound_body"),
     ("outbox_replay_log", "action"),
 )
 # Replaced by ix_outbox_events_unordered and ix_outbox_events_leased (now on locked_by),

@@ -31,6 +31,7 @@ from sqlalchemy import (
     Identity,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -134,6 +135,15 @@ OrderingKey = String(400).with_variant(String(400, collation=KEY_COLLATION), "po
 
 metadata = MetaData()
 
+# Inbound identity and origin: (source, id) together stay under PostgreSQL's B-tree
+# entry limit (2,704 bytes) even at four bytes a character; AMQP names a queue in at
+# most 255 bytes. W3C's traceparent is 55 characters in version 00; later versions
+# may append fields.
+INBOUND_SOURCE_LENGTH = 400
+INBOUND_ID_LENGTH = 200
+INBOUND_QUEUE_LENGTH = 255
+TRACEPARENT_LENGTH = 256
+
 
 def _created_at_column(name: str = "created_at") -> Column[Any]:
     return Column(name, UtcDateTime(), nullable=False, server_default=_now_default())
@@ -171,6 +181,19 @@ outbox_events = Table(
     # (null on the first event itself): how an event chain is followed.
     Column("causation_id", String(200), nullable=True),
     Column("correlation_id", String(200), nullable=True),
+    # W3C trace context of the event (an inbound event's, from its CloudEvents
+    # ``traceparent`` and ``tracestate``), so a tracer can continue the trace.
+    Column("traceparent", String(TRACEPARENT_LENGTH), nullable=True),
+    Column("tracestate", Text, nullable=True),
+    # Inbound events only (engine.inbox; null on local rows): the CloudEvents identity a
+    # second delivery is refused by (uq_outbox_events_inbound), the queue it came from,
+    # the attributes no column holds, and the raw body of a message that could not be
+    # decoded (dead-lettered, bytes as received). The row's ``id`` is a local id.
+    Column("inbound_source", String(INBOUND_SOURCE_LENGTH), nullable=True),
+    Column("inbound_id", String(INBOUND_ID_LENGTH), nullable=True),
+    Column("inbound_queue", String(INBOUND_QUEUE_LENGTH), nullable=True),
+    Column("inbound_attributes", Json, nullable=True),
+    Column("inbound_body", LargeBinary, nullable=True),
     _created_at_column(),
     # Tables made before keep an IN list here: the same rule, slower on SQLite, which
     # cannot change the CHECK of a table (see decision 0026).
@@ -384,6 +407,27 @@ Index(
     "ix_outbox_events_replayed_pending",
     outbox_events.c.last_replayed_at,
     **_where(REPLAYED_PENDING_PREDICATE),
+)
+
+
+# An inbound event is identified by its CloudEvents (source, id): a second delivery of
+# the pair conflicts here and is dropped by the inbox's INSERT ... ON CONFLICT DO NOTHING
+# (engine.inbox.writer). Partial: local rows and undecodable inbound ones write no entry.
+INBOUND_PREDICATE = "inbound_id IS NOT NULL"
+Index(
+    "uq_outbox_events_inbound",
+    outbox_events.c.inbound_source,
+    outbox_events.c.inbound_id,
+    unique=True,
+    **_where(INBOUND_PREDICATE),
+)
+# Published inbound rows, for their own retention (engine.operating.retention): they are
+# kept as long as the dedup window, whatever the local rows' retention.
+INBOUND_PUBLISHED_PREDICATE = f"status = '{PUBLISHED}' AND {INBOUND_PREDICATE}"
+Index(
+    "ix_outbox_events_inbound_published",
+    outbox_events.c.published_at,
+    **_where(INBOUND_PUBLISHED_PREDICATE),
 )
 
 

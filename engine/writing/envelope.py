@@ -33,6 +33,9 @@ class EventEnvelope:
     # on a first event): see ``chain_id``.
     causation_id: str | None = None
     correlation_id: str | None = None
+    # Events with the same key are delivered one at a time in write order (None:
+    # unordered); the relay sends it as the CloudEvents ``partitionkey`` extension.
+    ordering_key: str | None = None
     # The payload's JSON text as stored, when the envelope was built from a row: the relay
     # sends it as is (a decode to floats and back would change numbers such as
     # 12345678901234567.89). Not an init field, so ``dataclasses.replace`` clears it
@@ -97,15 +100,16 @@ class EventEnvelope:
             int(row.get("replay_count") or 0),
         )
         causes = (row.get("causation_id"), row.get("correlation_id"))
+        key = row.get("ordering_key")
         if cls is not EventEnvelope:  # a subclass may have fields of its own
-            return cls(*values, {}, *causes)
-        return delivered_envelope(*values, None, *causes)
+            return cls(*values, {}, *causes, key)
+        return delivered_envelope(*values, None, *causes, key)
 
 
 _new = object.__new__
 # Each field's slot descriptor's __set__, in field order.
 (_ID, _TENANT, _TYPE, _VERSION, _AGG_TYPE, _AGG_ID, _PAYLOAD, _CREATED, _ATTEMPTS, _MAX, _CLAIM,
- _REPLAYS, _METADATA, _CAUSATION, _CORRELATION, _RAW) = (
+ _REPLAYS, _METADATA, _CAUSATION, _CORRELATION, _KEY, _RAW) = (
     EventEnvelope.__dict__[name].__set__ for name in EventEnvelope.__dataclass_fields__
 )  # fmt: skip
 
@@ -131,6 +135,7 @@ def delivered_envelope(
     raw_payload: str | None = None,
     causation_id: str | None = None,
     correlation_id: str | None = None,
+    ordering_key: str | None = None,
 ) -> EventEnvelope:
     """``EventEnvelope(...)`` with no metadata, for every event a dispatcher delivers.
 
@@ -154,5 +159,6 @@ def delivered_envelope(
     _METADATA(envelope, {})
     _CAUSATION(envelope, causation_id)
     _CORRELATION(envelope, correlation_id)
+    _KEY(envelope, ordering_key)
     _RAW(envelope, raw_payload)
     return envelope

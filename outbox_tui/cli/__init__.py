@@ -3,7 +3,8 @@
 Without a subcommand it opens the console (``console``); ``dispatch`` (alias
 ``--dispatch``) runs the headless dispatcher loop; the other commands answer
 one question each (``stats``, ``dead-letter list|groups``) or make one change
-(``init-db``, ``dead-letter replay|skip``, ``pause``, ``resume``, ``dispatch-once``).
+(``init-db``, ``dead-letter replay|skip``, ``pause``, ``resume``, ``dispatch-once``);
+``consume`` takes CloudEvents off a RabbitMQ queue into the outbox (the inbox).
 A command group is a module with ``register(subparsers)`` that sets ``run`` on its
 parsers; add it to ``COMMAND_GROUPS``. Every failure is one line on stderr (``errors``).
 See docs/cli.md.
@@ -19,7 +20,17 @@ from types import ModuleType
 from engine.service import load_registry
 from engine.storage.secrets import mask_secrets
 from outbox_tui import PROG, __version__
-from outbox_tui.cli import catalog, console, dead_letter, dispatch, event, init_db, pause, stats
+from outbox_tui.cli import (
+    catalog,
+    console,
+    consume,
+    dead_letter,
+    dispatch,
+    event,
+    init_db,
+    pause,
+    stats,
+)
 from outbox_tui.cli.errors import EXIT_USAGE, UsageError, run_guarded
 from outbox_tui.cli.event_loop import run_coroutine
 from outbox_tui.cli.options import (
@@ -34,6 +45,7 @@ from outbox_tui.cli.redaction import RedactingStream, Redactor, SecretFilter, co
 
 COMMAND_GROUPS: tuple[ModuleType, ...] = (
     dispatch,
+    consume,
     dead_letter,
     pause,
     stats,
@@ -43,7 +55,7 @@ COMMAND_GROUPS: tuple[ModuleType, ...] = (
 )
 # Commands that need every setting valid; the others only read and go on without a bad
 # dispatcher setting (stats says what it could not count).
-STRICT_SETTINGS = ("console", "dispatch", "dispatch-once")
+STRICT_SETTINGS = ("console", "dispatch", "dispatch-once", "consume")
 DISPATCH_ALIAS = "--dispatch"
 
 __all__ = ["RedactingStream", "Redactor", "SecretFilter", "build_parser", "main"]
@@ -60,6 +72,8 @@ def build_parser() -> Parser:
             f"{PROG} init-db --database-url postgresql+asyncpg://app:secret@db/app",
             f"{PROG} --dispatch --installed-app outbox_tui.examples.orders --json",
             f"{PROG} dispatch --amqp-url amqp://guest:guest@rabbit/ --metrics-port 9100",
+            f"{PROG} consume --amqp-url amqp://guest:guest@rabbit/ --queue billing.inbox "
+            "--bind outbox.events:orders.# --installed-app billing.outbox",
             f"{PROG} stats --json",
             f"{PROG} dead-letter list --tenant acme",
             f"{PROG} dead-letter replay --all --event-type orders.placed --dry-run",

@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from engine.operating.error_groups import FINGERPRINT_LENGTH
 from engine.settings import (
     ConsoleSettings,
+    ConsumerSettings,
     DispatcherSettings,
     OutboxSettings,
     flag_of,
@@ -158,8 +159,15 @@ def add_settings(
         )
 
 
+_SECTION_OF: dict[type[BaseModel], str] = {
+    DispatcherSettings: "DISPATCHER",
+    ConsoleSettings: "CONSOLE",
+    ConsumerSettings: "CONSUMER",
+}
+
+
 def _section(model: type[BaseModel]) -> str:
-    return "DISPATCHER" if model is DispatcherSettings else "CONSOLE"
+    return _SECTION_OF[model]
 
 
 def _nested_flag(model: type[BaseModel], name: str) -> str:
@@ -169,8 +177,10 @@ def _nested_flag(model: type[BaseModel], name: str) -> str:
 def _metavar(name: str, annotation: Any) -> str:
     if name.endswith("_url"):
         return "URL"
-    if name == "exchange":
+    if name in ("exchange", "queue"):
         return "NAME"
+    if name == "default_tenant":
+        return "TENANT"
     args = [a for a in get_args(annotation) if a is not type(None)] or [annotation]
     if args[0] is int:
         return "N"
@@ -181,8 +191,11 @@ def _metavar(name: str, annotation: Any) -> str:
     return "VALUE"
 
 
-SETTING_NAMES = (set(OutboxSettings.model_fields) | set(DispatcherSettings.model_fields)) | set(
-    ConsoleSettings.model_fields
+SETTING_NAMES = (
+    set(OutboxSettings.model_fields)
+    | set(DispatcherSettings.model_fields)
+    | set(ConsoleSettings.model_fields)
+    | set(ConsumerSettings.model_fields)
 )
 
 
@@ -218,7 +231,8 @@ class Invocation:
 
     @property
     def log_level(self) -> str:
-        return self.settings.log_level or ("INFO" if self.command == "dispatch" else "WARNING")
+        running = self.command in ("dispatch", "consume")
+        return self.settings.log_level or ("INFO" if running else "WARNING")
 
 
 def redacting_output(redact: Redactor, *, json_mode: bool) -> Output:

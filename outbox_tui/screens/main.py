@@ -45,6 +45,7 @@ from outbox_tui.screens.dispatch_switch import DispatchSwitch
 from outbox_tui.screens.incident_actions import IncidentActions
 from outbox_tui.screens.palette import ConsoleCommands
 from outbox_tui.screens.published_recount import PublishedRecount
+from outbox_tui.widgets.consumers import ConsumersPanel
 from outbox_tui.widgets.dispatchers import DispatchersPanel
 from outbox_tui.widgets.event_detail import EventDetailPane
 from outbox_tui.widgets.footer import ConsoleFooter
@@ -110,6 +111,7 @@ class MainScreen(DetailHost):
         yield Static("", id="banner")
         yield OverviewPanel(config.pending_age, id="overview")
         yield DispatchersPanel(id="dispatchers")
+        yield ConsumersPanel(id="consumers")
         with Horizontal(id="body"):
             yield self.browser
             yield EventDetailPane(id="detail")
@@ -207,6 +209,7 @@ class MainScreen(DetailHost):
             top_types=message.top_types,
         )
         self.query_one(DispatchersPanel).show(snap.heartbeats, snap.unserved)
+        self.query_one(ConsumersPanel).show(snap.heartbeats, self.console.inbound_window)
         self.browser.polled(snap, message.page, message.generation)
         self.refreshes += 1
         if self.refreshes == 1:
@@ -239,7 +242,7 @@ class MainScreen(DetailHost):
     def watch_connection(self, connection: str) -> None:
         self.query_one(StatusBar).connection = connection
         self.query_one("#banner").set_class(connection == "lost", "-visible")
-        for selector in ("#overview", "#dispatchers", "#list"):
+        for selector in ("#overview", "#dispatchers", "#consumers", "#list"):
             self.query_one(selector).set_class(connection == "lost", "-stale")
 
     def _set_dispatch(self, state: str) -> None:

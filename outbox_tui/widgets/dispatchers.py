@@ -202,6 +202,7 @@ class DispatchersPanel(Vertical):
     ) -> None:
         self.polled = True
         self._update_note()
+        heartbeats = [hb for hb in heartbeats if not hb.is_consumer]  # the inbox's have a panel
         alive = sum(1 for hb in heartbeats if hb.state == "alive")
         # The counts are each run's totals (the tiles count rows now): said in the title.
         self.border_title = Content(

@@ -158,9 +158,11 @@ MUTED_STYLE = "#8a8a8a"
 
 
 def heartbeat_state_text(state: str, waiting_for: str | None) -> Text:
-    """A dispatcher's state; an alive one whose relay waits for its broker says so."""
+    """A dispatcher's or consumer's state; an alive one that waits for its broker (or, a
+    consumer, for the database) says so."""
     if state == "alive" and waiting_for:
-        return Text("alive · waiting for broker", style=HEARTBEAT_STYLES["stale"])
+        what = "database" if waiting_for.startswith("database") else "broker"
+        return Text(f"alive · waiting for {what}", style=HEARTBEAT_STYLES["stale"])
     return Text(state, style=HEARTBEAT_STYLES.get(state, ""))
 
 

@@ -29,6 +29,8 @@ STATS_KEYS = {
     "recent_window_seconds",
     "awaiting_purge",
     "retention_seconds",
+    "inbound_rows",
+    "inbound_retention_seconds",
     "blocked_keys",
     "oldest_blocked_head_at",
     "oldest_blocked_head_age_seconds",
@@ -126,6 +128,7 @@ async def test_init_db_then_stats(cli: Cli, database_url: str) -> None:
     )
     assert record["total"] == 0
     assert record["awaiting_purge"] == 0 and record["retention_seconds"] == 60
+    assert record["inbound_rows"] == 0 and record["inbound_retention_seconds"] == 7 * 86_400
     assert record["oldest_pending_at"] is None and record["heartbeats"] == []
     assert record["blocked_keys"] == 0 and record["oldest_blocked_head_age_seconds"] is None
     assert record["database_url"] == masked(database_url)

@@ -41,10 +41,19 @@ SETTINGS = list(_fields())
 NO_INVALID_VALUE = {("amqp_url",)}
 
 
+# Values the walk cannot derive from a field's type.
+INVALID = {
+    ("database_url",): "mysql://db/outbox",
+    ("consumer", "queue"): "",
+    ("consumer", "bindings"): "no-colon",
+    ("consumer", "default_tenant"): "t" * 129,
+}
+
+
 def _invalid(loc: tuple[str, ...], info: Any) -> str:
     """A value the field refuses, from its type (the walk fails on a type it cannot handle)."""
-    if loc == ("database_url",):
-        return "mysql://db/outbox"
+    if loc in INVALID:
+        return INVALID[loc]
     annotation = info.annotation
     args = [a for a in get_args(annotation) if a is not type(None)]
     if args and get_origin(annotation) is not Literal:
@@ -72,9 +81,9 @@ def _commands() -> list[tuple[str, set[str]]]:
 COMMANDS = _commands()
 
 
-def test_the_walk_covers_both_sections() -> None:
+def test_the_walk_covers_every_section() -> None:
     sections = {loc[0] for loc, _info in SETTINGS if len(loc) == 2}
-    assert sections == {"dispatcher", "console"}
+    assert sections == {"dispatcher", "console", "consumer"}
     assert ("console", "page_size") in {loc for loc, _info in SETTINGS}
 
 
@@ -115,7 +124,8 @@ def test_an_invalid_variable_names_a_flag_the_command_accepts(
     for command, flags in COMMANDS:
         message = _settings_message(command, flags)
         if message is None:  # a read-only command went on without the section
-            assert loc[0] in ("dispatcher", "console") and command not in STRICT_SETTINGS
+            assert loc[0] in ("dispatcher", "console", "consumer")
+            assert command not in STRICT_SETTINGS
             continue
         assert "\n" not in message
         assert message.startswith(variable), (command, message)

@@ -11,11 +11,13 @@ from engine import DispatchResult, OutboxDispatcher, create_schema
 from engine.clock import utc_now
 from engine.dispatch.claimer import Claimer
 from engine.errors import SchemaOutdatedError
+from engine.inbox import InboxWriter, ReceivedMessage, RowBuilder, decode_message
 from engine.operating import insights
 from engine.operating.dispatch_health import KEY_UNFINISHED
 from engine.storage.database import check_schema
 from engine.storage.schema import UtcDateTime, metadata
 from engine.storage.schema import outbox_events as t
+from tests.inbox.corpus import LIMIT, STRUCTURED, encoded, event
 from tests.old_schema import OLD_STATUSES, create_old_schema
 
 from .conftest import rows
@@ -360,3 +362,45 @@ async def test_key_turn_replaces_the_key_order_and_in_flight_indexes_on_postgres
         claimed = await Claimer("d", 10, timedelta(seconds=30)).claim(conn, utc_now())
     assert sorted(r.event_id for r in claimed.rows) == ["a0", "b0"]
     assert len(await rows(db)) == len(keys)
+
+
+INBOX_COLUMNS = (
+    "traceparent",
+    "tracestate",
+    "inbound_source",
+    "inbound_id",
+    "inbound_queue",
+    "inbound_attributes",
+    "inbound_body",
+)
+INBOX_INDEXES = ("uq_outbox_events_inbound", "ix_outbox_events_inbound_published")
+
+
+async def test_the_inbox_columns_and_indexes_are_added_to_a_database_made_before_them(db, registry):
+    """0.10: a database of the version before the inbox is refused, then upgraded in
+    place; its rows stay local (no inbound identity), and the inbox deduplicates at once."""
+    async with db.begin() as conn:  # the tables as the version before made them
+        for index in INBOX_INDEXES:
+            await conn.execute(text(f"DROP INDEX {index}"))
+        for column in INBOX_COLUMNS:
+            await conn.execute(text(f"ALTER TABLE outbox_events DROP COLUMN {column}"))
+        await conn.execute(text(OLD_ROW), {"id": "before-1"})
+    await assert_refused_then_upgraded(
+        db,
+        "outbox_events.inbound_id",
+        [f"added outbox_events.{column}" for column in INBOX_COLUMNS]
+        + [f"created index {index}" for index in INBOX_INDEXES],
+    )
+    await check_schema(db)
+    assert await create_schema(db) == []
+    [old] = await rows(db)
+    assert old["id"] == "before-1"
+    assert all(old[column] is None for column in INBOX_COLUMNS)
+
+    writer, builder = InboxWriter(db), RowBuilder(registry, queue="q")
+    for _ in range(2):
+        message = ReceivedMessage(encoded(event("after-1")), STRUCTURED)
+        await writer.write([builder.row(message, decode_message(message, max_bytes=LIMIT))])
+    stored = await rows(db)
+    assert len(stored) == 2
+    assert [r["inbound_id"] for r in stored if r["id"] != "before-1"] == ["after-1"]

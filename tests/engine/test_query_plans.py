@@ -103,6 +103,41 @@ async def test_retention_window_is_found_through_an_index(db, clock):
     _assert_no_table_scan(await _plan(db, stmt))
 
 
+async def test_the_purges_of_local_and_inbound_rows_read_their_published_at_indexes(db, clock):
+    """The local purge, with or without the inbound rows' longer window, reads
+    ix_outbox_events_published_at; the inbound purge reads the index that holds only the
+    published inbound rows, not the other one past every local row."""
+    from engine.operating import retention
+
+    async with db.begin() as conn:  # 2,000 local published rows, 20 inbound ones
+        for n in range(2020):
+            inbound = f"'/shop', 'in-{n}'" if n >= 2000 else "NULL, NULL"
+            await conn.exec_driver_sql(
+                "INSERT INTO outbox_events (id, tenant_id, event_type, event_version, "
+                "aggregate_type, aggregate_id, payload, status, published_at, inbound_source, "
+                f"inbound_id) VALUES ('p-{n}', 'acme', 'x', 1, 'a', 'b', '{{}}', 'published', "
+                f"CURRENT_TIMESTAMP, {inbound})"
+            )
+        await conn.exec_driver_sql("ANALYZE")
+    now = clock()
+    local = retention.purge_candidates(now, 500, inbound_older_than=now - timedelta(days=7))
+    for stmt in (retention.purge_candidates(now, 500), local):
+        plan = await _plan(db, stmt)
+        _assert_no_table_scan(plan)
+        assert "ix_outbox_events_published_at" in plan, plan
+    plan = await _plan(db, retention.inbound_purge_candidates(now, 500))
+    _assert_no_table_scan(plan)
+    assert "ix_outbox_events_inbound_published" in plan, plan
+
+
+async def test_the_inbound_rows_are_counted_inside_their_unique_index(db):
+    from engine.operating.overview import inbound_rows_statement
+
+    plan = await _plan(db, inbound_rows_statement())
+    _assert_no_table_scan(plan)
+    assert "uq_outbox_events_inbound" in plan, plan
+
+
 async def _text_plan(db, sql: str, params: dict) -> str:
     typed = [
         bindparam(k, type_=UtcDateTime()) for k, v in params.items() if isinstance(v, datetime)

@@ -266,7 +266,10 @@ def test_an_envelope_from_a_row_is_the_one_its_constructor_makes():
     from engine import TaskContext
     from engine.writing.envelope import EventEnvelope
 
-    row, payload = _row(), {"tenant_id": "acme", "actor_id": 7, "trace_id": "t"}
+    row, payload = (
+        _row(ordering_key="order:o-1"),
+        {"tenant_id": "acme", "actor_id": 7, "trace_id": "t"},
+    )
     built = EventEnvelope.from_row(row, payload)
     made = EventEnvelope(
         row["id"], "acme", "orders.placed", 2, "order", "o-1", payload, row["created_at"]
@@ -279,6 +282,7 @@ def test_an_envelope_from_a_row_is_the_one_its_constructor_makes():
         replay_count=1,
         causation_id=row["causation_id"],
         correlation_id=row["correlation_id"],
+        ordering_key="order:o-1",
     )
     assert built.chain_id == row["correlation_id"]
     assert made.chain_id == made.event_id  # a first event is its own chain

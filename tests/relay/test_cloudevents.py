@@ -59,6 +59,12 @@ def test_every_attribute_of_the_structured_envelope() -> None:
     assert all(re.fullmatch(r"[a-z0-9]{1,20}", name) for name in event)
 
 
+def test_an_ordered_events_key_is_the_partitionkey_extension() -> None:
+    """The receiving inbox restores it as the row's ordering key (engine.inbox.rows)."""
+    assert to_cloudevent(envelope(ordering_key="order:o-42"))["partitionkey"] == "order:o-42"
+    assert "partitionkey" not in to_cloudevent(envelope())
+
+
 def test_default_source_prefix_and_escaping() -> None:
     assert to_cloudevent(envelope())["source"] == "/outbox/order"
     assert event_source("order line", "/shop/") == "/shop/order%20line"

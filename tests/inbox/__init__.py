@@ -1,0 +1,1 @@
+"""The inbox (engine.inbox): decoding, rows, dedup, the consumer on real RabbitMQ."""
