@@ -291,7 +291,7 @@ async def test_sigkilled_dispatchers_lose_nothing_and_keep_key_order(
 
 EFFECTS_APP = "tests.reliability.effects_app"
 # (events, kills): CI sizes, then --soak.
-LOAD_CI = (1500, 20)
+LOAD_CI = (900, 12)
 LOAD_SOAK = (6000, 80)
 PRODUCER_CHUNK = 10  # events per producer transaction
 # Issue 44's goals are one repeat per kill and a window p99 of 50 ms; on a shared two-core

@@ -54,7 +54,7 @@ from tests.reliability.results import ScenarioResult, record
 LEASE_SECONDS = 2
 BATCH_SIZE = 20
 # (orders, kills, stalls): CI sizes, then --soak.
-CI = (1200, 30, 3)
+CI = (600, 15, 2)
 SOAK = (6000, 150, 15)
 SEED = 20261207
 APP = "tests.reliability.chain_app"
