@@ -23,6 +23,9 @@ Scenarios (see docs/BENCHMARKS.md for the last run and how each is measured):
      completion statements run by hand in a loop
   k  the console at 1,000,000 rows on PostgreSQL and SQLite: a full refresh, the longest
      event-loop stall, memory at 1,000,000 / 100,000 (only with --large)
+  l  exactly-once effects: a transactional handler inserting one row / a plain handler
+     inserting the same row through its own session (PostgreSQL)
+  m  the same on SQLite (reported)
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ from benchmarks.scenarios import Sizes
 from benchmarks.support import Context
 from engine import create_engine, create_schema
 
-ALL = "abcdefghijk"
+ALL = "abcdefghijklm"
 SMOKE = Sizes(
     repeats=1,
     drain=400,
@@ -70,6 +73,7 @@ SMOKE = Sizes(
     sqlite_drain=400,
     console=(300, 3_000),
     console_watch_seconds=0.5,
+    effects=300,
 )
 
 
@@ -239,6 +243,8 @@ def plan(ctx: Context, sizes: Sizes, args: argparse.Namespace) -> list[Step]:
         "i": ("i wake-up latency", lambda: scenarios.latency(ctx, sizes)),
         "j": ("j SQLite drain", lambda: scenarios.sqlite_floor(ctx, sizes)),
         "k": ("k console rows", lambda: scenarios.console_rows(ctx, sizes)),
+        "l": ("l exactly-once effects", lambda: scenarios.effects(ctx, sizes)),
+        "m": ("m exactly-once effects, SQLite", lambda: scenarios.sqlite_effects(ctx, sizes)),
     }
     steps += [one[c] for c in only if c in one]
     return steps

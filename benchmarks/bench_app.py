@@ -6,6 +6,10 @@ that the harness sets per run:
 ``OUTBOX_BENCH_SLEEP_MS``  the handler awaits ``asyncio.sleep`` this long (default 0: no-op)
 ``OUTBOX_BENCH_LOG_DIR``   append ``<event id>\\t<unix time in ns at handler start>`` per call to
                            ``calls.<pid>.tsv`` there (duplicates, counts, wake-up latency)
+``OUTBOX_BENCH_WRITE``     ``transactional``: the handler inserts one ``bench_effects`` row
+                           through the dispatcher's transaction (``transactional=True``);
+                           ``plain``: it inserts the same row through a session of its
+                           own and commits it; unset: it writes nothing
 ``OUTBOX_BENCH_SYNC_DIR``  once the dispatcher is up (``EventRegistry.on_ready``: its
                            database open and checked, before its first claim): create
                            ``ready.<pid>`` there, then wait until a file ``go`` appears, so
@@ -22,10 +26,16 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from engine import EventRegistry
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from engine import EventRegistry, create_engine
 from engine.writing.envelope import EventEnvelope
 
 EVENT_TYPE = "bench.happened"
+# The business row of OUTBOX_BENCH_WRITE (the harness creates the table).
+EFFECTS_TABLE = "CREATE TABLE IF NOT EXISTS bench_effects (event_id varchar(36) NOT NULL)"
+EFFECT = text("INSERT INTO bench_effects (event_id) VALUES (:event_id)")
 HANDLER_KEY = "bench.handler"
 GO_TIMEOUT_SECONDS = 300.0
 
@@ -85,7 +95,27 @@ def register(registry: EventRegistry) -> None:
         if sleep_seconds:
             await asyncio.sleep(sleep_seconds)
 
-    registry.register_handler(EVENT_TYPE, handle, key=HANDLER_KEY)
+    write = os.environ.get("OUTBOX_BENCH_WRITE", "")
+    if write == "transactional":
+
+        async def write_in_transaction(envelope: EventEnvelope, session: AsyncSession) -> None:
+            await handle(envelope)
+            await session.execute(EFFECT, {"event_id": envelope.event_id})
+
+        registry.register_handler(
+            EVENT_TYPE, write_in_transaction, key=HANDLER_KEY, transactional=True
+        )
+    elif write == "plain":
+        engine = create_engine(os.environ["OUTBOX_DATABASE_URL"])
+
+        async def write_on_its_own(envelope: EventEnvelope) -> None:
+            await handle(envelope)
+            async with AsyncSession(engine) as session, session.begin():
+                await session.execute(EFFECT, {"event_id": envelope.event_id})
+
+        registry.register_handler(EVENT_TYPE, write_on_its_own, key=HANDLER_KEY)
+    else:
+        registry.register_handler(EVENT_TYPE, handle, key=HANDLER_KEY)
     sync_dir = os.environ.get("OUTBOX_BENCH_SYNC_DIR")
     if sync_dir:
         registry.on_ready(lambda: await_go(sync_dir))

@@ -20,6 +20,7 @@ from typing import Any
 from sqlalchemy.engine import make_url
 
 from benchmarks import peer_amqp, peer_pgqueuer, support, usage
+from benchmarks.bench_app import EFFECTS_TABLE
 from benchmarks.support import Context, Fleet, WorkerFailed
 from engine.dispatch import claim_sql, fenced_writes
 
@@ -83,11 +84,14 @@ def ours_argv(
     return argv
 
 
-def ours_env(ctx: Context, fleet: Fleet, *, sleep_ms: float = 0.0) -> dict[str, str]:
+def ours_env(
+    ctx: Context, fleet: Fleet, *, sleep_ms: float = 0.0, write: str = ""
+) -> dict[str, str]:
     return fleet.env(
         {
             "OUTBOX_DATABASE_URL": ctx.url,
             "OUTBOX_BENCH_SLEEP_MS": str(sleep_ms),
+            "OUTBOX_BENCH_WRITE": write,
             "OUTBOX_LOG_LEVEL": "WARNING",
         }
     )
@@ -117,11 +121,16 @@ async def ours(
     ordering_key: Callable[[int], str] | None = None,
     cap: float | None = None,
     label: str = "ours",
+    write: str = "",
 ) -> dict[str, Any]:
-    """``processes`` × ``outbox-tui --dispatch`` draining ``events`` preloaded events."""
+    """``processes`` × ``outbox-tui --dispatch`` draining ``events`` preloaded events;
+    ``write``: the handler's business row (benchmarks/bench_app.py)."""
     await load_outbox(ctx, events, ordering_key)
+    if write:
+        await ctx.conn.execute(EFFECTS_TABLE)
+        await ctx.conn.execute("TRUNCATE bench_effects")
     fleet = new_fleet(ctx)
-    env = ours_env(ctx, fleet, sleep_ms=sleep_ms)
+    env = ours_env(ctx, fleet, sleep_ms=sleep_ms, write=write)
     for _ in range(processes):
         fleet.start(ours_argv(ctx, concurrency=concurrency), env)
     run = await _timed(
@@ -136,6 +145,11 @@ async def ours(
     run["processes"] = processes
     if concurrency and ctx.max_concurrency_flag:
         run["max_concurrency"] = concurrency
+    if write:
+        rows = await ctx.conn.fetchval("SELECT count(*) FROM bench_effects")
+        if rows != events:
+            raise WorkerFailed(f"{label}: {rows:,} business rows for {events:,} events")
+        run["business_rows"] = rows
     return run
 
 

@@ -44,7 +44,7 @@ class Sizes:
     # read 1.33-1.56 at 20,000 and 1.61-1.84 at 100,000; e 1.56-1.62 at 50,000 and
     # 1.70-1.78 at 100,000. c went the other way, 0.73-0.77 at 50,000 and 0.58-0.70 at
     # 100,000: with 100 events per key instead of 50 an ordered row costs PostgreSQL
-    # more (docs/dispatcher.md, "Deeper keys"), an unordered one does not.
+    # more (decision 0031, row c), an unordered one does not.
     io: int = 100_000
     io_sleep_ms: float = 10.0
     io_concurrency: int = 500
@@ -71,6 +71,7 @@ class Sizes:
     sqlite_repeats: int = 5
     console: tuple[int, int] | None = None  # (100_000, 1_000_000) with --large
     console_watch_seconds: float = 5.0
+    effects: int = 20_000  # l and m: one business row per event, a commit per event
 
 
 def record(sid: str, title: str, **fields: Any) -> dict[str, Any]:
@@ -193,9 +194,10 @@ async def io_bound(ctx: Context, sizes: Sizes, *, peer: bool = True) -> dict[str
     of ours against the best of pgqueuer's.
 
     The batch is the one knob both tools share, and the best one is not the same for
-    both: ours ran faster at about twice ``--max-concurrency`` (docs/dispatcher.md),
-    pgqueuer's rate barely moves. Each side gets the same choices, alternated in the
-    same run; which batch won each repeat is in the record and in the notes.
+    both: ours ran faster at about twice ``--max-concurrency`` (docs/dispatcher.md,
+    "Concurrency"), pgqueuer's rate barely moves. Each side gets the same choices,
+    alternated in the same run; which batch won each repeat is in the record and in the
+    notes.
     """
     n, ms = sizes.io, sizes.io_sleep_ms
     title = f"b. drain {n:,} events, handler awaits {ms:g} ms: ours / pgqueuer"
@@ -569,4 +571,61 @@ async def console_rows(ctx: Context, sizes: Sizes) -> dict[str, Any]:
         rss_ratio=rss,
         target=CONSOLE_TARGET,
         met=refresh < 100 and stall < 50 and rss <= 1.2,
+    )
+
+
+# -- l + m: exactly-once effects ------------------------------------------------------------
+
+EFFECTS_TARGET = ">= 0.9"
+
+
+async def effects(ctx: Context, sizes: Sizes) -> dict[str, Any]:
+    """l: what exactly-once costs on PostgreSQL: the handler's row written in the
+    dispatcher's transaction (with the event's completion in the same commit) against the
+    same row committed by the handler itself (then the batch's completion)."""
+    n = sizes.effects
+    runs = await alternate(
+        sizes.repeats,
+        [
+            ("ours", lambda: drains.ours(ctx, n, write="transactional", label="transactional")),
+            ("other", lambda: drains.ours(ctx, n, write="plain", label="plain")),
+        ],
+    )
+    result = ratio(runs["ours"], runs["other"])
+    return record(
+        "l",
+        f"l. drain {n:,}, each event writes one row: transactional handler / plain handler "
+        "committing its own session",
+        unit="events/s",
+        ours=side(
+            f"outbox-tui --dispatch ×2, transactional=True, batch {ctx.batch_size}", runs["ours"]
+        ),
+        peer=side("the same, the handler commits its own session", runs["other"]),
+        target=EFFECTS_TARGET,
+        met=met(result["ratio"], EFFECTS_TARGET),
+        **result,
+    )
+
+
+async def sqlite_effects(ctx: Context, sizes: Sizes) -> dict[str, Any]:
+    """m: l on SQLite, one dispatcher (reported: its handlers take the write lock in turn
+    either way)."""
+    n = sizes.effects
+    runs = await alternate(
+        sizes.repeats,
+        [
+            ("ours", lambda: sqlite_drain.ours(ctx, n, write="transactional")),
+            ("other", lambda: sqlite_drain.ours(ctx, n, write="plain")),
+        ],
+    )
+    result = ratio(runs["ours"], runs["other"])
+    return record(
+        "m",
+        f"m. the same on SQLite ({n:,} events, 1 process): transactional / plain",
+        unit="events/s",
+        ours=side(
+            f"outbox-tui --dispatch ×1, transactional=True, batch {ctx.batch_size}", runs["ours"]
+        ),
+        peer=side("the same, the handler commits its own session", runs["other"]),
+        **result,
     )

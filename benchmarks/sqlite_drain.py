@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import drains, support, usage
-from benchmarks.bench_app import wait_for_go
+from benchmarks.bench_app import EFFECTS_TABLE, wait_for_go
 from benchmarks.support import Context, Fleet, WorkerFailed
 from engine import create_engine, create_schema
 from engine.clock import utc_now, uuid7
 from engine.dispatch import fenced_writes
-from engine.dispatch.claimer import ClaimCursor, Claimer
+from engine.dispatch.claimer import Claimer
 from engine.storage.schema import ACTIVE_PREDICATE
 
 FLOOR_ID = "floor"
@@ -147,14 +147,28 @@ async def _exited(fleet: Fleet, limit: float = 60.0) -> list[int]:
     return await fleet.stop()
 
 
-async def ours(ctx: Context, events: int) -> dict[str, Any]:
-    """One ``outbox-tui --dispatch`` with the no-op bench app, as scenario a runs it."""
+async def ours(ctx: Context, events: int, *, write: str = "") -> dict[str, Any]:
+    """One ``outbox-tui --dispatch`` with the bench app, as scenario a runs it (``write``:
+    the handler's business row, benchmarks/bench_app.py)."""
     path = database_path(ctx)
     await load(path, events)
+    if write:
+        with sqlite3.connect(path) as db:
+            db.execute(EFFECTS_TABLE)
+        db.close()
     fleet = drains.new_fleet(ctx)
-    env = drains.ours_env(replace(ctx, url=url_of(path)), fleet)
+    env = drains.ours_env(replace(ctx, url=url_of(path)), fleet, write=write)
     fleet.start(drains.ours_argv(ctx), env)
-    return await _timed(ctx, fleet, path, label="ours: SQLite", events=events, exits_itself=False)
+    label = f"ours: SQLite{', ' + write if write else ''}"
+    run = await _timed(ctx, fleet, path, label=label, events=events, exits_itself=False)
+    if write:
+        with sqlite3.connect(path) as db:
+            rows = db.execute("SELECT count(*) FROM bench_effects").fetchone()[0]
+        db.close()
+        if rows != events:
+            raise WorkerFailed(f"{label}: {rows:,} business rows for {events:,} events")
+        run["business_rows"] = rows
+    return run
 
 
 async def floor(ctx: Context, events: int) -> dict[str, Any]:
@@ -184,19 +198,11 @@ async def drain_floor(url: str, batch_size: int, sync_dir: str | None) -> int:
             await conn.exec_driver_sql("SELECT 1")
         if sync_dir:
             wait_for_go(sync_dir)
-        total, cursor, include_cursor_key, ordered_first = 0, "", False, True
+        total, claimer = 0, Claimer(FLOOR_ID, batch_size, LEASE)
         while True:
             async with engine.begin() as conn:
-                batch = await Claimer(
-                    FLOOR_ID,
-                    batch_size,
-                    LEASE,
-                    cursor=ClaimCursor(
-                        key=cursor, include_key=include_cursor_key, ordered_first=ordered_first
-                    ),
-                ).claim(conn, utc_now())
-            cursor, include_cursor_key = batch.cursor.key, batch.cursor.include_key
-            ordered_first = not ordered_first
+                batch = await claimer.claim(conn, utc_now())
+            claimer.committed(batch)
             if not batch.rows:
                 return total
             claims = [(row.event_id, row.claim_version) for row in batch.rows]

@@ -51,7 +51,9 @@ from engine.operating.insights import (
 )
 from engine.operating.pauses import Pause, PausedBacklog
 from engine.operating.replay import ReplayResult, SkipResult, replay_dead_letter, skip_dead_letter
-from engine.running.run_loop import RunSummary, build_dispatcher, run_dispatcher
+from engine.running.build import build_dispatcher
+from engine.running.run_loop import run_dispatcher
+from engine.running.summary import RunSummary
 from engine.settings import DispatcherSettings, OutboxSettings, load_settings
 from engine.storage.database import create_engine, create_schema, mask_url
 from engine.storage.schema import metadata

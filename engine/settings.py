@@ -20,7 +20,8 @@ when it is published (explicitly, or the column default 10).
 dispatcher honours each row's value. Set it (``--max-attempts``,
 ``OUTBOX_DISPATCHER__MAX_ATTEMPTS``) to give every row this dispatcher handles
 that budget instead, for instance to ride out a long broker outage; give all
-dispatchers of one outbox the same value. See docs/dispatcher.md.
+dispatchers of one outbox the same value. See docs/dispatcher.md, "Attempts, backoff and
+dead letters".
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
-from engine.dispatch import DEFAULT_MAX_CONCURRENCY, MAX_BATCH_SIZE
+from engine.dispatch import CONCURRENCY_PER_BATCH, MAX_BATCH_SIZE
+from engine.dispatch.backoff import DEFAULT_BACKOFF
 from engine.errors import ConfigurationError, DatabaseUrlError
 from engine.operating.replay import DEFAULT_DEDUP_WINDOW
 from engine.storage.database import DEFAULT_DATABASE_URL, mask_secrets, parse_database_url
@@ -59,7 +61,7 @@ LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 
 
 class DispatcherSettings(BaseModel):
-    """How a dispatcher runs. Every field has a default; see docs/dispatcher.md."""
+    """How a dispatcher runs. Every field has a default; docs/settings.md lists them."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -67,14 +69,14 @@ class DispatcherSettings(BaseModel):
         int, Field(ge=1, le=MAX_BATCH_SIZE, description="events claimed per round (default 100)")
     ] = 100
     max_concurrency: Annotated[
-        int,
+        int | None,
         Field(
             ge=1,
             le=10_000,
-            description="events of a batch delivered at once (default 200); handlers that "
-            "await I/O overlap",
+            description=f"events delivered at once (default {CONCURRENCY_PER_BATCH} x the "
+            "batch size); handlers that await I/O overlap",
         ),
-    ] = DEFAULT_MAX_CONCURRENCY
+    ] = None
     handler_timeout_seconds: Annotated[
         float | None,
         Field(
@@ -103,16 +105,16 @@ class DispatcherSettings(BaseModel):
     ] = None
     backoff_kind: Annotated[
         Literal["exponential", "fixed"], Field(description="how retry waits grow")
-    ] = "exponential"
+    ] = DEFAULT_BACKOFF.kind
     backoff_base_seconds: Annotated[
         float, Field(ge=0, le=24 * _HOUR, description="the first retry wait")
-    ] = 5.0
+    ] = DEFAULT_BACKOFF.base_seconds
     backoff_max_seconds: Annotated[
         float, Field(ge=0, le=24 * _HOUR, description="the longest retry wait")
-    ] = 300.0
+    ] = DEFAULT_BACKOFF.max_seconds
     backoff_jitter: Annotated[
         float, Field(ge=0, le=1, description="random spread of retry waits (fraction)")
-    ] = 0.1
+    ] = DEFAULT_BACKOFF.jitter
     retention_seconds: Annotated[
         float | None,
         Field(
@@ -356,7 +358,7 @@ class OutboxSettings(BaseSettings):
     exchange: Annotated[
         str, Field(min_length=1, description=f"RabbitMQ exchange (default {DEFAULT_EXCHANGE})")
     ] = DEFAULT_EXCHANGE
-    # The relay's circuit breaker (engine.relay.rabbitmq).
+    # The relay's circuit breaker (engine.relay.circuit).
     amqp_probe_seconds: Annotated[
         float,
         Field(

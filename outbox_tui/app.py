@@ -154,9 +154,9 @@ class OutboxConsole(App[int]):
         """Put the objects alive now out of the cyclic garbage collector's reach.
 
         Modules, widgets and the first screen's render caches live as long as the
-        console, yet every full collection walks them all: 140-150 ms of the event loop
-        each time, the longest stalls of a running console. Frozen (on mount and after
-        the first refresh), they are left out; quitting unfreezes them.
+        console, yet every full collection walks them all, the longest stalls of a
+        running console. Frozen (on mount and after the first refresh), they are left
+        out; quitting unfreezes them. See decision 0024.
         """
         gc.freeze()
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import OutboxError
-from engine.running.run_loop import RunSummary
+from engine.running.summary import RunSummary
 from engine.service import DispatchSpec, open_dispatcher, run
 
 

@@ -28,9 +28,9 @@ trap 'exit 143' TERM
 # free_port (services.sh): PostgreSQL and RabbitMQ (+20000 for Erlang distribution) get
 # disjoint ranges below the kernel's ephemeral ports.
 
-# Creating a database per test takes ~10-20 ms on tmpfs but ~170-200 ms on ext4 (fsync off in
-# both cases), so the servers live in /dev/shm when it is tmpfs with room to spare (Docker's
-# default /dev/shm is 64 MB: too small). OUTBOX_TEST_TMPDIR overrides; paths stay short because
+# Every PostgreSQL test creates a database, much faster on tmpfs than on disk (decision 0034),
+# so the servers live in /dev/shm when it is tmpfs with room to spare (Docker's default
+# /dev/shm is 64 MB: too small). OUTBOX_TEST_TMPDIR overrides; paths stay short because
 # PostgreSQL's socket path must stay under 107 bytes.
 tmp_parent() {
   local free_kb

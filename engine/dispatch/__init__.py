@@ -8,7 +8,7 @@ together. ``types`` holds what users plug in.
 """
 
 from engine.dispatch.dispatcher import (
-    DEFAULT_MAX_CONCURRENCY,
+    CONCURRENCY_PER_BATCH,
     MAX_BATCH_SIZE,
     OutboxDispatcher,
     default_dispatcher_id,
@@ -22,7 +22,7 @@ from engine.dispatch.types import (
 )
 
 __all__ = [
-    "DEFAULT_MAX_CONCURRENCY",
+    "CONCURRENCY_PER_BATCH",
     "MAX_BATCH_SIZE",
     "DispatchObserver",
     "DispatchResult",

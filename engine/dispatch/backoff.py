@@ -12,18 +12,20 @@ from engine.errors import ConfigurationError
 
 @dataclass(frozen=True, slots=True)
 class BackoffPolicy:
-    """Exponential (doubling, capped) or fixed delays, with optional jitter.
+    """Exponential (doubling, capped) or fixed delays, with jitter.
 
     ``delay(n)`` is the wait after the n-th failed attempt: ``base * 2**(n-1)``
     capped at ``max_seconds`` for exponential, ``base`` for fixed. ``jitter``
     (0..1) shortens each delay by a random fraction up to that share, which
-    spreads retries of a burst of failures apart.
+    spreads retries of a burst of failures apart. The defaults are the settings'
+    defaults too (``DispatcherSettings.backoff_*``), so a dispatcher built directly
+    retries as one built from settings.
     """
 
     kind: Literal["exponential", "fixed"] = "exponential"
     base_seconds: float = 5.0
     max_seconds: float = 300.0
-    jitter: float = 0.0
+    jitter: float = 0.1
 
     def __post_init__(self) -> None:
         if self.kind not in ("exponential", "fixed"):
@@ -48,3 +50,7 @@ class BackoffPolicy:
         if self.jitter:
             seconds *= 1.0 - self.jitter * (rng or random).random()
         return timedelta(seconds=seconds)
+
+
+#: The policy of a dispatcher given none, and the settings' defaults.
+DEFAULT_BACKOFF = BackoffPolicy()

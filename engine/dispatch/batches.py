@@ -10,9 +10,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from engine.clock import Clock
 from engine.dispatch import fenced_writes
-from engine.dispatch.claim_sql import ClaimScope
 from engine.dispatch.claimed import Batch
-from engine.dispatch.claimer import Claimer
+from engine.dispatch.claimer import Claimer, ClaimScope
 from engine.dispatch.completions import Unreported
 from engine.dispatch.decoding import Decoder
 from engine.dispatch.types import DispatchResult

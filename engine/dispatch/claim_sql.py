@@ -22,7 +22,7 @@ import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Text, TextClause, bindparam, column, text
 from sqlalchemy.dialects.postgresql import ARRAY
@@ -40,6 +40,9 @@ from engine.storage.schema import (
     UtcDateTime,
     outbox_events,
 )
+
+if TYPE_CHECKING:
+    from engine.dispatch.claimer import ClaimScope
 
 t = outbox_events
 
@@ -162,24 +165,6 @@ def keys_passed_statement(dialect: str) -> TextClause:
         )
 
     return text(f"SELECT {first('ordering_key > :after')} OR {first('ordering_key < :before')}")
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimScope:
-    """Which rows a dispatcher may claim: the event types it can deliver, minus pauses.
-
-    ``types`` are the types this dispatcher serves (its handlers, or everything its
-    relay can publish) with fully paused types already taken out; ``paused_pairs``
-    are (event_type, tenant_id) pairs paused for one tenant. Rows outside the scope
-    stay as they are, spending no attempt: another dispatcher may serve them, and a
-    paused type waits for its resume. A key whose head is out of scope waits too.
-    """
-
-    types: frozenset[str]
-    paused_pairs: frozenset[tuple[str, str]] = frozenset()
-
-    def admits(self, event_type: str, tenant_id: str) -> bool:
-        return event_type in self.types and (event_type, tenant_id) not in self.paused_pairs
 
 
 # Above this many served types with waiting rows, the unordered claim walks the seq

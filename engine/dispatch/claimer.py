@@ -26,13 +26,31 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.selectable import TextualSelect
 
 from engine.dispatch import claim_sql
-from engine.dispatch.claim_sql import ClaimScope, ClaimShape
+from engine.dispatch.claim_sql import ClaimShape
 from engine.dispatch.claimed import ClaimedRow
 from engine.storage.database import as_dbapi_error
 
 # A claimer's keyset floor goes back to 0 at least this often, so rows below it that
 # became due again wait at most this long.
 SEQ_FLOOR_RESET = timedelta(seconds=1)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimScope:
+    """Which rows a dispatcher may claim: the event types it can deliver, minus pauses.
+
+    ``types`` are the types this dispatcher serves (its handlers, or everything its
+    relay can publish) with fully paused types already taken out; ``paused_pairs``
+    are (event_type, tenant_id) pairs paused for one tenant. Rows outside the scope
+    stay as they are, spending no attempt: another dispatcher may serve them, and a
+    paused type waits for its resume. A key whose head is out of scope waits too.
+    """
+
+    types: frozenset[str]
+    paused_pairs: frozenset[tuple[str, str]] = frozenset()
+
+    def admits(self, event_type: str, tenant_id: str) -> bool:
+        return event_type in self.types and (event_type, tenant_id) not in self.paused_pairs
 
 
 @dataclass(frozen=True, slots=True)

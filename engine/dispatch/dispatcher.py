@@ -28,7 +28,7 @@ from datetime import timedelta
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from engine.clock import Clock, utc_now
-from engine.dispatch.backoff import BackoffPolicy
+from engine.dispatch.backoff import DEFAULT_BACKOFF, BackoffPolicy
 from engine.dispatch.batches import Batches
 from engine.dispatch.claimer import Claimer
 from engine.dispatch.completions import Completions, InDoubt, OutcomeWriter, Unreported
@@ -61,7 +61,9 @@ log = logging.getLogger("engine.dispatcher")
 # Share of the lease a batch may use for starting handlers; the rest is margin for the
 # last handler and the completion write.
 LEASE_BUDGET = 0.8
-DEFAULT_MAX_CONCURRENCY = 200
+# Handlers in flight at once, unless set: every event of two batches, so that each round,
+# and the round overlapping its last calls, can start all of its events at once.
+CONCURRENCY_PER_BATCH = 2
 # One limit for the API and the settings: a completion carries two values per row.
 MAX_BATCH_SIZE = 1000
 DEFAULT_HANDLER_TIMEOUT = 10.0
@@ -83,7 +85,7 @@ class OutboxDispatcher:
         batch_size: int = 100,
         lease_seconds: float = 30.0,
         max_attempts: int | None = None,
-        max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
+        max_concurrency: int | None = None,
         handler_timeout_seconds: float | None = None,
         backoff: BackoffPolicy | None = None,
         idempotency_store: IdempotencyStore | None = None,
@@ -102,6 +104,8 @@ class OutboxDispatcher:
             raise ConfigurationError(f"lease_seconds must be > 0, got {lease_seconds}")
         if max_attempts is not None and max_attempts < 1:
             raise ConfigurationError(f"max_attempts must be >= 1, got {max_attempts}")
+        if max_concurrency is None:
+            max_concurrency = CONCURRENCY_PER_BATCH * batch_size
         if max_concurrency < 1:
             raise ConfigurationError(f"max_concurrency must be >= 1, got {max_concurrency}")
         if handler_timeout_seconds is None:
@@ -119,7 +123,7 @@ class OutboxDispatcher:
         self.max_attempts = max_attempts
         self.max_concurrency = max_concurrency
         self.handler_timeout = handler_timeout_seconds
-        self.backoff = backoff or BackoffPolicy()
+        self.backoff = backoff or DEFAULT_BACKOFF
         self.idempotency = idempotency_store or IdempotencyStore(engine, clock=clock)
         self.external_publisher = external_publisher
         self.lock_provider = lock_provider

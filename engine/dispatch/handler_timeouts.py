@@ -1,7 +1,7 @@
 """Per-handler timeouts for a round's workers, kept by one timer instead of one per call.
 
 ``asyncio.timeout`` schedules and cancels a timer (a heap entry and a copied context) for
-every handler call: with a quick handler that was a third of a dispatcher's CPU per event.
+every handler call, a large share of a quick handler's cost (see decision 0017).
 Every handler of a round has the same limit, so the earliest deadline is always the one
 of the handler that started first; one watcher task sleeps until then, cancels any worker
 whose handler has run past the limit, and sleeps again. The cancelled worker gets

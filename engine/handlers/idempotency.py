@@ -27,7 +27,7 @@ SUCCEEDED = "succeeded"
 FAILED = "failed"
 
 
-@dataclass(slots=True)  # not frozen: one per handler call (frozen fields cost 1k instructions each)
+@dataclass(slots=True)  # not frozen: one per handler call (see decision 0025)
 class HandlerRunRecord:
     event_id: str
     handler_key: str

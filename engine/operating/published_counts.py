@@ -1,8 +1,8 @@
 """Counting published rows without counting them all: the console's published figures.
 
-The published total and the purge backlog grow with the table (900,000 of a million
-rows are published), so counting them takes a scan of their index however it is
-indexed. ``count_totals`` does that once (one statement, so one snapshot on
+The published total and the purge backlog grow with the table (most of a large outbox is
+published rows), so counting them takes a scan of their index however it is indexed (see
+decision 0032). ``count_totals`` does that once (one statement, so one snapshot on
 PostgreSQL too) and leaves a ``PublishedMark``; ``count_since`` then counts only the
 rows published after the mark, and the rows published since the previous refresh,
 through ix_outbox_events_published_at. Published rows are final and only the
@@ -78,8 +78,8 @@ class PublishedWindow:
     The status is written into the SQL, never bound: a partial index serves only a query
     whose WHERE implies the index's, which neither SQLite (at prepare time) nor a
     PostgreSQL generic plan can see through a parameter. SQLite is also told the index:
-    from its statistics it would walk the status index instead, 900,000 entries for a
-    five-minute window.
+    from its statistics it would walk the status index instead, every published row for a
+    window of minutes (see decision 0032).
     """
 
     since: TextualSelect  # :since and later

@@ -68,9 +68,9 @@ def inbound_purge_candidates(older_than: datetime, batch_size: int) -> Select[tu
 
 # PostgreSQL, in the purge's transaction: never sort for the candidates. With statistics
 # from before a drain (every row pending), the planner takes "published" for one row and
-# reads it through (status, id) plus a sort, which visits every published row: 54 ms at
-# 300,000 of them, 223 ms a purge mid-way through a 1,000,000-event drain. Without a sort
-# only the published_at index gives the order, and it stops at the cut-off.
+# reads it through (status, id) plus a sort, which visits every published row. Without a
+# sort only the published_at index gives the order, and it stops at the cut-off (see
+# decision 0010).
 PURGE_PLAN = text("SET LOCAL enable_sort = off")
 
 

@@ -1,11 +1,5 @@
 """The dispatcher's run loop: rounds, idle sleep, wake-ups, housekeeping, shutdown.
 
-Why one module (about 430 lines): the loop, its sleep and wake-up, the storage-error
-backoff, housekeeping and shutdown share one run's state (totals, heartbeat, next
-housekeeping time, retry delay), and the order of these steps within a round is the
-contract; kept together, that order reads top to bottom (``build_dispatcher`` is
-here because the loop's settings and the dispatcher's come from one section).
-
 ``run_dispatcher`` repeats ``dispatch_once``. After a round that claimed
 nothing it waits ``idle_sleep_seconds`` on the shutdown event and, on
 PostgreSQL, on a wake-up notification (engine.running.wakeup), whichever comes first;
@@ -37,23 +31,14 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from engine.clock import Clock, utc_now
-from engine.dispatch import (
-    DispatchObserver,
-    DispatchResult,
-    ExternalPublisher,
-    OutboxDispatcher,
-    default_dispatcher_id,
-)
-from engine.dispatch.backoff import BackoffPolicy
+from engine.clock import Clock
+from engine.dispatch import DispatchResult, OutboxDispatcher
 from engine.errors import InstalledAppError, StorageError
-from engine.handlers.idempotency import IdempotencyStore
 from engine.operating.replay import DEFAULT_DEDUP_WINDOW
 from engine.operating.retention import (
     purge_heartbeats,
@@ -62,12 +47,11 @@ from engine.operating.retention import (
     retention_cutoff,
 )
 from engine.running.heartbeat import Heartbeat
-from engine.running.locks import lock_provider_for
 from engine.running.metrics import OutboxMetrics
+from engine.running.summary import RunSummary
 from engine.running.wakeup import WakeupListener
 from engine.settings import DispatcherSettings
 from engine.storage.database import mask_secrets, translate_storage_error
-from engine.writing.registry import EventRegistry
 
 log = logging.getLogger("engine.runner")
 
@@ -80,100 +64,7 @@ STORAGE_ERRORS: tuple[type[BaseException], ...] = (
     OSError,  # refused connections, unreachable files; includes TimeoutError
 )
 
-IterationCallback = Callable[["RunSummary", DispatchResult], None]
-
-
-@dataclass(slots=True)
-class RunSummary:
-    """Cumulative totals of one ``run_dispatcher`` call.
-
-    ``idle_waits`` counts idle sleeps begun, ``wakeups`` those a notification
-    cut short; ``last_error`` is the last storage error's one-line message.
-    """
-
-    iterations: int = 0
-    claimed: int = 0
-    published: int = 0
-    failed: int = 0
-    dead_lettered: int = 0
-    lost_leases: int = 0
-    purged: int = 0
-    storage_errors: int = 0
-    shutdown_requested: bool = False
-    idle_waits: int = 0
-    wakeups: int = 0
-    last_error: str | None = None
-
-    def add(self, result: DispatchResult) -> None:
-        self.claimed += result.claimed
-        self.published += result.published
-        self.failed += result.failed
-        self.dead_lettered += result.dead_lettered
-        self.lost_leases += result.lost_leases
-
-    def totals(self) -> dict[str, int]:
-        return {
-            "claimed": self.claimed,
-            "published": self.published,
-            "failed": self.failed,
-            "dead_lettered": self.dead_lettered,
-            "lost_leases": self.lost_leases,
-            "purged": self.purged,
-            "storage_errors": self.storage_errors,
-        }
-
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-def build_dispatcher(
-    engine: AsyncEngine,
-    registry: EventRegistry,
-    settings: DispatcherSettings,
-    *,
-    dispatcher_id: str | None = None,
-    external_publisher: ExternalPublisher | None = None,
-    metrics: OutboxMetrics | None = None,
-    clock: Clock = utc_now,
-    idempotency_store: IdempotencyStore | None = None,
-    prefetch: bool = False,
-) -> OutboxDispatcher:
-    """An ``OutboxDispatcher`` configured from ``settings``.
-
-    Wires batch size, lease, backoff, the metrics observer and, with
-    ``use_lock``, the lock provider of the engine's dialect (advisory lock on
-    PostgreSQL, lease row on SQLite) held for ``lease_seconds`` at most.
-    """
-    dispatcher_id = dispatcher_id or default_dispatcher_id()
-    lock = None
-    if settings.use_lock:
-        lock = lock_provider_for(
-            engine, holder=dispatcher_id, lease_seconds=settings.lease_seconds, clock=clock
-        )
-    observers: list[DispatchObserver] = [metrics] if metrics is not None else []
-    return OutboxDispatcher(
-        engine,
-        registry,
-        dispatcher_id=dispatcher_id,
-        batch_size=settings.batch_size,
-        lease_seconds=settings.lease_seconds,
-        max_attempts=settings.max_attempts,
-        max_concurrency=settings.max_concurrency,
-        handler_timeout_seconds=settings.handler_timeout_seconds,
-        backoff=BackoffPolicy(
-            kind=settings.backoff_kind,
-            base_seconds=settings.backoff_base_seconds,
-            max_seconds=settings.backoff_max_seconds,
-            jitter=settings.backoff_jitter,
-        ),
-        idempotency_store=idempotency_store,
-        external_publisher=external_publisher,
-        lock_provider=lock,
-        observers=observers,
-        clock=clock,
-        prefetch=prefetch,
-        overlap_rounds=prefetch,
-    )
+IterationCallback = Callable[[RunSummary, DispatchResult], None]
 
 
 async def run_dispatcher(

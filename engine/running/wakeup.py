@@ -16,7 +16,7 @@ connection, coalesced: the first commit after a quiet period notifies at once
 notification. A producer process therefore sends at most ~1000/interval_ms
 notifications a second whatever its commit rate, and a business commit never
 waits for the notification lock. benchmarks/notify_commit_rate.py measures the
-three designs; docs/dispatcher.md has the figures.
+three designs; decision 0015 has the figures.
 
 Producers that do not use this engine (another language, plain SQL) can run
 ``SELECT pg_notify('outbox_events', '')`` after their commit, or rely on the

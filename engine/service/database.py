@@ -80,9 +80,9 @@ def open_engine(database_url: str | URL, purpose: Purpose) -> AsyncEngine:
             return await connect_aiosqlite(uri, uri=True, timeout=SQLITE_BUSY_TIMEOUT_SECONDS)
 
         # Pooled: each new aiosqlite connection starts a thread, and Thread.start() holds
-        # the event loop until that thread runs (140 ms and more on a busy machine). A
-        # pooled connection would keep reading a file that was moved or deleted, so one
-        # whose file is no longer the one it opened is dropped at checkout.
+        # the event loop until that thread runs (see decision 0032). A pooled connection
+        # would keep reading a file that was moved or deleted, so one whose file is no
+        # longer the one it opened is dropped at checkout.
         engine = create_engine(url, pool_size=2, max_overflow=2, async_creator=connect)
         _drop_when_the_file_changes(engine, path)
         return engine

@@ -15,8 +15,10 @@ from dataclasses import dataclass
 
 from engine.dispatch import OutboxDispatcher, default_dispatcher_id
 from engine.errors import NothingToDeliverError
+from engine.running.build import build_dispatcher
 from engine.running.metrics import OutboxMetrics
-from engine.running.run_loop import IterationCallback, RunSummary, build_dispatcher, run_dispatcher
+from engine.running.run_loop import IterationCallback, run_dispatcher
+from engine.running.summary import RunSummary
 from engine.service.apps import delivery_problem
 from engine.service.database import Purpose, open_database
 from engine.settings import OutboxSettings
@@ -69,8 +71,8 @@ async def open_dispatcher(
     """The checked database, the relay (if any) and the dispatcher; all closed on exit.
 
     ``prefetch``: the next batch is claimed while the last one is delivered (see
-    docs/dispatcher.md); for a run loop (which hands that batch back when it stops),
-    not for a single round.
+    docs/dispatcher.md, "Claim ahead and overlapping rounds", and decision 0018); for a
+    run loop (which hands that batch back when it stops), not for a single round.
     """
     spec.check()
     settings = spec.settings

@@ -3,13 +3,12 @@
 The connection it returns runs each statement in one trip to aiosqlite's worker thread.
 SQLAlchemy's adapter drives a statement as four awaits on aiosqlite (open a cursor,
 execute, fetch the rows, close the cursor), and every await is a trip to that thread and
-back: a thread wake-up, then the event loop's, 85-90 µs a trip on a 2-core machine. A
-``SELECT 1`` took 500 µs that way; a dispatcher round on SQLite runs about ten
-statements, so the trips cost more than the SQL. Here the cursor opens without a trip,
-and ``execute`` runs the statement, fetches its first rows and closes what is done, in
-one. A transaction's BEGIN (with the PRAGMAs of a bounded wait for the write lock) is one
-trip too, and the pool's rollback of a connection it takes back is none when no
-transaction is open.
+back: a thread wake-up, then the event loop's. A dispatcher round on SQLite runs about ten
+statements, so the trips cost more than the SQL (see decision 0022). Here the cursor opens
+without a trip, and ``execute`` runs the statement, fetches its first rows and closes what
+is done, in one. A transaction's BEGIN (with the PRAGMAs of a bounded wait for the write
+lock) is one trip too, and the pool's rollback of a connection it takes back is none when
+no transaction is open.
 """
 
 from __future__ import annotations

@@ -25,39 +25,39 @@ and ``ix_outbox_events_waiting_type`` replace ``ix_outbox_events_unordered`` and
 ``ix_outbox_events_unordered_type``; they leave out rows in flight, so a claim writes
 no entry into them; ``ix_outbox_events_lease_expiry`` (``locked_until IS NOT NULL``)
 replaces ``ix_outbox_events_leased`` (``locked_by IS NOT NULL``), so PostgreSQL can no
-longer answer the claim's per-key in-flight probe by reading every leased row (see
-``engine.storage.schema``). A database without them is outdated (``missing_indexes``): SQLite's
+longer answer the claim's per-key in-flight probe by reading every leased row (decisions
+0005 and 0006). A database without them is outdated (``missing_indexes``): SQLite's
 claim names them, and PostgreSQL's would walk another index. On PostgreSQL the upgrade
 builds them with a plain ``CREATE INDEX``, which blocks writes to the table while it
 reads the table once: stop the producers, or build them first with ``CREATE INDEX
-CONCURRENTLY`` under the same names and definitions (docs/dispatcher.md).
+CONCURRENTLY`` under the same names and definitions (docs/table-contract.md, "Upgrading
+with init-db").
 
 Version 0.5: SQLite's ``ix_outbox_events_type_backlog`` and ``ix_outbox_events_key_order``
 are rebuilt with their predicates spelled as comparisons instead of IN lists
-(``respelled_indexes``; see ``engine.storage.schema.BACKLOG_PREDICATE``). New tables also spell
-the status CHECK so; SQLite cannot change the CHECK of an existing table, which keeps the
-list (the same rule).
+(``respelled_indexes``; see ``engine.storage.schema.BACKLOG_PREDICATE`` and decision 0026).
+New tables also spell the status CHECK so; SQLite cannot change the CHECK of an existing
+table, which keeps the list (the same rule).
 
 Version 0.6: ``ix_outbox_events_backlog_id`` and ``ix_outbox_events_aggregate_at_rest``
 replace ``ix_outbox_events_status_id`` and ``ix_outbox_events_aggregate_id``. On
 PostgreSQL they leave out the row versions a drain writes (published rows, rows in
-flight), so a claim and a completion write no entry into them (``engine.storage.schema``); on
+flight), so a claim and a completion write no entry into them (decision 0006); on
 SQLite they are the same full indexes under the new names. A database with the old ones
 is outdated (``missing_indexes``); the upgrade drops them and builds the new ones, with
 the same caution on a large PostgreSQL table as 0.4's.
-
-Version 0.8: on PostgreSQL ``ix_outbox_events_key_turn`` (a key's rows in flight first,
-then its rows at rest in ``seq`` order) replaces ``ix_outbox_events_key_order`` and
-``ix_outbox_events_key_in_flight``, which SQLite keeps (``engine.storage.schema.ONLY_ON``). A
-PostgreSQL database without it is outdated (``missing_indexes``); the upgrade builds it
-and drops the two, with the same caution on a large table as 0.4's.
 
 Version 0.7: on PostgreSQL ``outbox_events.ordering_key`` compares bytewise (``COLLATE
 "C"``, see ``engine.storage.schema.OrderingKey``), so the ordered claim's index probes no longer
 compare keys through the default collation's strcoll. A column with another collation is
 outdated (``recollated_columns``); the upgrade changes it in place: no table rewrite,
-but its three key indexes are rebuilt under a lock that blocks writes (0.4 s for
-300,000 keyed rows on the benchmark machine).
+but its three key indexes are rebuilt under a lock that blocks writes (decision 0004).
+
+Version 0.8: on PostgreSQL ``ix_outbox_events_key_turn`` (a key's rows in flight first,
+then its rows at rest in ``seq`` order) replaces ``ix_outbox_events_key_order`` and
+``ix_outbox_events_key_in_flight``, which SQLite keeps (``engine.storage.schema.ONLY_ON``). A
+PostgreSQL database without it is outdated (``missing_indexes``); the upgrade builds it
+and drops the two, with the same caution on a large table as 0.4's (decision 0003).
 
 Version 0.9 ("Exactly-once effects"): ``outbox_events.causation_id`` and
 ``correlation_id`` (the event whose handler published a row, and the first event of its

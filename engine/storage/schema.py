@@ -12,7 +12,7 @@ server-side default, so any language can enqueue an event with plain SQL.
 ``seq`` is the table's own write order: an identity column on PostgreSQL and the
 rowid (copied by a trigger) on SQLite. Producers leave it out. Events that share
 a non-null ``ordering_key`` are delivered one at a time in ``seq`` order (see
-engine.dispatch.claim_sql and docs/dispatcher.md).
+engine.dispatch.claim_sql and docs/dispatcher.md, "Ordering keys and per-key order").
 """
 
 from __future__ import annotations
@@ -65,11 +65,9 @@ def status_is_one_of(*statuses: str) -> str:
     """``status`` equals one of ``statuses``, spelled as comparisons joined by OR.
 
     Not as an IN list: SQLite tests a list of three or more constants through a temporary
-    table, and in a table's CHECK or a partial index's predicate, which it tests for every
-    row an UPDATE writes, it builds that table again for each row; every claim and every
-    completion writes each of its rows (callgrind, no-op drain of the SQL floor: 234.9k
-    against 179.7k instructions per event once the CHECK and the backlog index were
-    spelled so). PostgreSQL proves either spelling from the other.
+    table, and in a table's CHECK or a partial index's predicate it builds that table again
+    for every row an UPDATE writes, which every claim and completion pays (see decision
+    0026). PostgreSQL proves either spelling from the other.
     """
     return " OR ".join(f"status = '{status}'" for status in statuses)
 
@@ -128,13 +126,10 @@ def _now_default() -> Any:
 Json = JSON().with_variant(JSONB(), "postgresql")
 
 # Ordering keys are opaque: only equality and some fixed order matter, never a language's.
-# On PostgreSQL they compare bytewise (COLLATE "C"): the ordered claim's walk compares keys
-# at every step of every index probe, and under the database's default collation each
-# comparison went through strcoll (C.UTF-8 here, a language's rules on most servers). With
-# "C" an ordered claim cost 20.4 instead of 23.3 µs a row (pg_stat_statements, 50,000
-# events over 1,000 keys, 2 dispatchers, medians of three alternating runs; the drain took
-# 1.29-1.35 s instead of 1.36-1.56 s). UTF-8's byte order is code point order, so Python's
-# string order is the database's too (engine.dispatch.claimer's key cursor relies on it).
+# On PostgreSQL they compare bytewise (COLLATE "C"), so the ordered claim's walk, which
+# compares keys at every step of every probe, never goes through strcoll (see decision
+# 0004). UTF-8's byte order is code point order, so Python's string order is the
+# database's too (engine.dispatch.claimer's key cursor relies on it).
 KEY_COLLATION = "C"
 OrderingKey = String(400).with_variant(String(400, collation=KEY_COLLATION), "postgresql")
 
@@ -200,8 +195,8 @@ outbox_events = Table(
     Column("inbound_attributes", Json, nullable=True),
     Column("inbound_body", LargeBinary, nullable=True),
     _created_at_column(),
-    # Tables made before keep an IN list here (status_is_one_of says why it changed):
-    # the same rule, slower on SQLite, which cannot change the CHECK of a table.
+    # Tables made before keep an IN list here: the same rule, slower on SQLite, which
+    # cannot change the CHECK of a table (see decision 0026).
     CheckConstraint(
         f"({status_is_one_of(*STATUSES)})",
         name="ck_outbox_events_status",
@@ -249,9 +244,8 @@ KEYED_PREDICATE = "ordering_key IS NOT NULL"
 # that a planner cannot answer one index's queries with the other:
 # - IN_FLIGHT_PREDICATE, SQLite's claim's "is a row of this key in flight?" probe, through
 #   ix_outbox_events_key_in_flight (PostgreSQL's claim reads it from
-#   ix_outbox_events_key_turn). When the lease index had this predicate too, PostgreSQL's
-#   planner came to prefer it mid-drain: each probe then read every row in flight
-#   (500 heads x 500 leased rows per claim, three quarters of an ordered claim's time).
+#   ix_outbox_events_key_turn). Were the lease index's predicate the same, PostgreSQL's
+#   planner could answer each probe by reading every row in flight (see decision 0005).
 # - LEASED_PREDICATE, expired leases (reclaim, "stuck") and rows in flight by type,
 #   through ix_outbox_events_lease_expiry.
 # Neither is written on status, so the status index serves neither.
@@ -317,8 +311,7 @@ KEY_TURN = "CAST(locked_by IS NULL AS INTEGER)"
 # else its head: the claim's walk finds the next key, its head and whether another event
 # of the key is in flight with one probe per key, and never visits the rows queued
 # behind a head. Against a (key, seq) index plus a probe of a per-key in-flight index,
-# one index entry fewer per claimed row and one probe fewer per head: 23.8-26.0 against
-# 28.7-29.4 us and 30 against 37 buffer hits per claimed row (docs/dispatcher.md).
+# one index entry fewer per claimed row and one probe fewer per head (see decision 0003).
 _only_on(
     Index(
         "ix_outbox_events_key_turn",
@@ -391,12 +384,10 @@ Index(
 # ix_outbox_events_lease_expiry, published rows through the primary key
 # (engine.operating.event_views.status_clause); the aggregate filter reads rows at rest here and
 # rows in flight through the lease index (engine.operating.event_views.aggregate_clause). Full
-# indexes, as these were up to 0.5, cost a 100,000-event drain (2 dispatchers, no-op
-# handler) a quarter of its rate: 23-29k against 33-38k events/s in three alternating
-# rounds (docs/dispatcher.md). SQLite changes an index entry only when a column the
-# index names changes, so there both stay full: a claim never touches the aggregate's,
-# and the status one serves every status without the spelling SQLite's partial indexes
-# need.
+# indexes, as these were up to 0.5, slowed every drain (see decision 0006).
+# SQLite changes an index entry only when a column the index names changes, so there both
+# stay full: a claim never touches the aggregate's, and the status one serves every status
+# without the spelling SQLite's partial indexes need.
 Index(
     "ix_outbox_events_backlog_id",
     outbox_events.c.status,

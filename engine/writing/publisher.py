@@ -3,9 +3,8 @@
 On PostgreSQL the rows go straight to the session's asyncpg connection as one prepared
 INSERT (asyncpg's statement cache keeps it prepared per connection), in the session's
 transaction: the publish is on every business transaction's path, and SQLAlchemy's
-statement execution (cache key, compiled-form lookup, ORM execute, bind processing,
-result) was about a quarter of the client CPU it adds to a unit of work; the round trip
-itself is most of the rest. SQLite keeps the ordinary ``session.execute``.
+statement execution was a large share of the client CPU it adds to a unit of work (see
+decision 0011). SQLite keeps the ordinary ``session.execute``.
 """
 
 from __future__ import annotations

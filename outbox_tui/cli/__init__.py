@@ -20,7 +20,16 @@ from types import ModuleType
 from engine.service import load_registry
 from engine.storage.database import mask_secrets
 from outbox_tui import PROG, __version__
-from outbox_tui.cli import console, consume, dead_letter, dispatch, init_db, pause, stats
+from outbox_tui.cli import (
+    console,
+    consume,
+    dead_letter,
+    dispatch,
+    event,
+    init_db,
+    pause,
+    stats,
+)
 from outbox_tui.cli.errors import EXIT_USAGE, UsageError, run_guarded
 from outbox_tui.cli.event_loop import run_coroutine
 from outbox_tui.cli.options import (
@@ -33,7 +42,15 @@ from outbox_tui.cli.options import (
 )
 from outbox_tui.cli.redaction import RedactingStream, Redactor, SecretFilter, configure_logging
 
-COMMAND_GROUPS: tuple[ModuleType, ...] = (dispatch, consume, dead_letter, pause, stats, init_db)
+COMMAND_GROUPS: tuple[ModuleType, ...] = (
+    dispatch,
+    consume,
+    dead_letter,
+    pause,
+    stats,
+    event,
+    init_db,
+)
 # Commands that need every setting valid; the others only read and go on without a bad
 # dispatcher setting (stats says what it could not count).
 STRICT_SETTINGS = ("console", "dispatch", "dispatch-once", "consume")

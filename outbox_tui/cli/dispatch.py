@@ -20,7 +20,7 @@ from typing import Any
 from engine.dispatch import default_dispatcher_id
 from engine.errors import ConfigurationError
 from engine.running.metrics import OutboxMetrics, serve_metrics
-from engine.running.run_loop import RunSummary
+from engine.running.summary import RunSummary
 from engine.service import DispatchSpec, load_registry, open_dispatcher, run
 from engine.settings import DispatcherSettings
 from engine.storage.database import mask_url, storage_errors
@@ -271,12 +271,11 @@ def _prompt_thread_switches() -> Iterator[None]:
     """A shorter GIL switch interval for the run, as it was after.
 
     On SQLite the dispatcher commits its claim in aiosqlite's thread while the event
-    loop decodes the claimed rows (``OutboxDispatcher._decoded_while_committing``). That
-    thread needs the GIL for a moment to start the commit, and with the default interval
-    it waited for the decoding to end, so nothing overlapped: once the rows were decoded,
-    the commit still had a median 1.1 ms to go (it had not started). With a shorter
-    interval it had 59 µs to go: the commit's fsync, which runs without the GIL, had
-    happened during the decoding.
+    loop decodes the claimed rows (``engine.dispatch.batches.Batches.claim``). That
+    thread needs the GIL for a moment to start the commit; with the default interval it
+    waited for the decoding to end, so nothing overlapped. With a shorter one the
+    commit's fsync, which runs without the GIL, happens during the decoding (see
+    decision 0021).
     """
     before = sys.getswitchinterval()
     sys.setswitchinterval(ROUND_SWITCH_INTERVAL_SECONDS)
@@ -294,14 +293,13 @@ ROUND_GC_THRESHOLD = 50_000
 def _collector_for_rounds() -> Iterator[None]:
     """The cyclic garbage collector tuned for dispatch rounds, as it was after.
 
-    What start-up made (modules, the apps, SQLAlchemy's tables and caches: about 90,000
-    objects) lives as long as the process, yet every full collection walked it, 50-100 ms
-    each, a few times a second with 500 handlers in flight. Frozen, it is left out: about
-    a fifth off the CPU per event with I/O-bound handlers. A round's own objects (rows,
-    envelopes, outcomes: thousands) live until the round ends and are then freed by
-    reference counting; at the default threshold the collector walked them several times
-    a round before that, for nothing: about 1.3 % of a no-op drain's CPU (callgrind).
-    Cycles still get collected, every 50,000 net allocations.
+    What start-up made (modules, the apps, SQLAlchemy's tables and caches) lives as long
+    as the process, yet every full collection walked it, often with many handlers in
+    flight: frozen, it is left out. A round's own objects (rows, envelopes, outcomes)
+    live until the round ends and are then freed by reference counting; at the default
+    threshold the collector walked them several times a round before that, for nothing.
+    Cycles still get collected, every ``ROUND_GC_THRESHOLD`` net allocations. See
+    decision 0024.
     """
     thresholds = gc.get_threshold()
     gc.freeze()

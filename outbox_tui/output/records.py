@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from engine.operating.error_groups import ErrorGroup, ErrorGroups
 from engine.operating.insights import (
     TYPE_STATUSES,
+    EventDetail,
     EventSummary,
     HeartbeatView,
     OverviewSnapshot,
@@ -39,6 +41,26 @@ def dead_letter_record(event: EventSummary) -> dict[str, Any]:
         "created_at": iso(event.created_at),
         "replay_count": event.replay_count,
         "ordering_key": event.ordering_key,
+    }
+
+
+def _plain(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A row's columns, with timestamps as ISO 8601 text."""
+    return {k: iso(v) if isinstance(v, datetime) else v for k, v in row.items()}
+
+
+def event_detail_record(detail: EventDetail) -> dict[str, Any]:
+    """``outbox-tui event ID --json``: the event's columns, then what the detail adds."""
+    return {
+        **_plain(detail.columns),
+        "payload": detail.payload,
+        "payload_error": detail.payload_error,
+        "chain_id": detail.chain_id,
+        "chain": [_plain(link) for link in detail.chain],
+        "earlier_in_key": detail.earlier_in_key,
+        "handler_runs": [_plain(run) for run in detail.handler_runs],
+        "side_effects": [_plain(effect) for effect in detail.side_effects],
+        "replays": [_plain(replay) for replay in detail.replays],
     }
 
 

@@ -279,7 +279,7 @@ class EventBrowser(Vertical):
         self.view.cursors.append(last)
         self.view.has_more = False
         # The new page opens on its first row; moving the cursor now would only redraw
-        # the old page once more (20-30 ms of the event loop at 160 columns).
+        # the old page once more (decision 0032).
         table.top_on_next_page = True
         self._view_changed()
 

@@ -373,9 +373,9 @@ class MainScreen(DetailHost):
     def sync_footer(self) -> None:
         """Refresh the bindings only when a key the footer shows changes.
 
-        Refreshing them rebuilds the footer, 15-30 ms of the event loop: on every arrow
-        key and every page it was most of the work. What the footer shows for the list
-        depends on these alone (``check_action``).
+        Refreshing them rebuilds the footer: on every arrow key and every page it was most
+        of the work (decision 0032). What the footer shows for the list depends on these
+        alone (``check_action``).
         """
         shown = (*self.browser.footer_state(), self.detail_open)
         if shown != self._footer_shown:

@@ -1,10 +1,10 @@
 """The published total off the refresh path: counted in full now and then, not per refresh.
 
-The published total and the purge backlog grow with the table (900,000 of a million
-rows), so a refresh asks ``live_overview``, which carries them from the last
-``published_totals`` and adds what was published since. The first refresh counts them
-in full (the first screen is exact); after that a ``recount`` worker counts them again
-every ``published_recount_seconds``, beside the refreshes and never overlapping itself.
+The published total and the purge backlog grow with the table (decision 0032), so a
+refresh asks ``live_overview``, which carries them from the last ``published_totals`` and
+adds what was published since. The first refresh counts them in full (the first screen is
+exact); after that a ``recount`` worker counts them again every
+``published_recount_seconds``, beside the refreshes and never overlapping itself.
 
 A part of ``MainScreen``, whose poll worker asks ``live_overview`` and then
 ``recount_when_due``.

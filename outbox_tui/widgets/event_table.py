@@ -137,9 +137,9 @@ class EventTable(LiteralTable[Text | str]):
         """A row's line drawn before, with the same cells and look, is not drawn again.
 
         DataTable keys its caches on a counter every ``update_cell`` bumps, so one changed
-        age had every visible line drawn again, cell by cell: 40-60 ms of the event loop
-        on a slow machine, each refresh. Cells are compared by identity: ``show`` keeps
-        the value of a cell whose text did not change, and gives a changed cell a new one.
+        age had every visible line drawn again, cell by cell, each refresh (decision
+        0032). Cells are compared by identity: ``show`` keeps the value of a cell whose
+        text did not change, and gives a changed cell a new one.
         """
         try:
             row_key, line = self._get_offsets(y)

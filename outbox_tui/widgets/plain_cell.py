@@ -1,13 +1,13 @@
 """Drawing a one-line plain-text table cell without Rich's render pipeline.
 
-DataTable draws every cell through ``console.render_lines(Styled(Padding(cell)))``:
-about 80 µs a cell on this machine, so a fresh page of 40 rows by 9 columns held the
-event loop for 20-30 ms in cell drawing alone (benchmarks/console_million_rows.py, the
-"older page" stall). Almost every cell the console shows is one line of plain printable
-text with one style, for which the result is known: the padding, the text cropped (or
-ended with an ellipsis) to the column, the rest filled. ``plain_cell_lines`` builds
-exactly those segments and says ``None`` for anything else (spans, wide or control
-characters, centred or right-justified text), which Rich then draws as before.
+DataTable draws every cell through ``console.render_lines(Styled(Padding(cell)))``, so
+drawing a fresh page held the event loop for its hundreds of cells (the "older page"
+stall of benchmarks/console_million_rows.py, decision 0032). Almost every cell the
+console shows is one line of plain printable text with one style, for which the result is
+known: the padding, the text cropped (or ended with an ellipsis) to the column, the rest
+filled. ``plain_cell_lines`` builds exactly those segments and says ``None`` for anything
+else (spans, wide or control characters, centred or right-justified text), which Rich then
+draws as before.
 tests/console/test_plain_cell.py holds it to Rich's output, segment style by segment style.
 """
 

@@ -111,7 +111,7 @@ async def build_showcase(database_url: str, clock: FixedClock | None = None) -> 
             reg,
             dispatcher_id="orders-worker-1",
             batch_size=12,
-            backoff=BackoffPolicy(base_seconds=120, max_seconds=900),
+            backoff=BackoffPolicy(base_seconds=120, max_seconds=900, jitter=0),
             clock=clock,
         )
         await worker.dispatch_once()
@@ -246,7 +246,7 @@ async def warm_up(pilot: Pilot[object], clock: FixedClock, refreshes: int = 20) 
         registry(),
         dispatcher_id="orders-worker-1",
         batch_size=1,
-        backoff=BackoffPolicy(base_seconds=120, max_seconds=900),
+        backoff=BackoffPolicy(base_seconds=120, max_seconds=900, jitter=0),
         clock=clock,
     )
     pattern = (1, 0, 2, 1, 0, 1, 3, 1, 0, 2, 1, 1, 0, 2, 1, 0, 1, 2, 1, 1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -72,17 +73,32 @@ def test_the_rule_covers_every_front_end_module_but_the_example_app():
     assert every - covered == {n for n in every if n.startswith("examples/")}
 
 
-# A module may grow past this only when its docstring says why it is one module.
+# No module grows past this, but the few named below: each says in a "Why one module"
+# paragraph of its docstring why it is one, without a line count (counts go stale). A new
+# exception is a change to this set, not a paragraph that lets a module pass unseen.
 MODULE_LINES = 410
+ONE_MODULE_EXCEPTIONS = {
+    "engine/settings.py",  # the models, the loading and the error wording: one contract
+    "engine/storage/schema.py",  # the tables and the predicates queries repeat word for word
+}
 
 
-def test_no_module_is_over_about_400_lines_unless_its_docstring_says_why():
-    long = []
+def test_no_module_is_over_about_400_lines_but_the_named_exceptions():
+    problems = []
     for path in sorted([*(ROOT / "engine").glob("**/*.py"), *PACKAGE.glob("**/*.py")]):
+        name = path.relative_to(ROOT).as_posix()
         source = path.read_text()
-        if source.count("\n") <= MODULE_LINES:
-            continue
+        lines = source.count("\n")
         docstring = ast.get_docstring(ast.parse(source)) or ""
-        if "Why one module" not in docstring:
-            long.append(f"{path.relative_to(ROOT)}: {source.count(chr(10))} lines")
-    assert long == []
+        says_why = "Why one module" in docstring
+        if name in ONE_MODULE_EXCEPTIONS:
+            if not says_why:
+                problems.append(f"{name}: an exception whose docstring does not say why")
+        elif lines > MODULE_LINES:
+            problems.append(f"{name}: {lines} lines")
+        elif says_why:
+            problems.append(f"{name}: a 'Why one module' paragraph, not in ONE_MODULE_EXCEPTIONS")
+        if re.search(r"Why one module \([^)]*\blines?\b", docstring):
+            problems.append(f"{name}: a line count in its 'Why one module' paragraph")
+    assert problems == []
+    assert all((ROOT / name).is_file() for name in ONE_MODULE_EXCEPTIONS)

@@ -206,3 +206,32 @@ def test_settings_that_cannot_work_are_refused(db, registry):
         OutboxDispatcher(db, registry, max_concurrency=0)
     with pytest.raises(ConfigurationError, match="below lease_seconds"):
         OutboxDispatcher(db, registry, lease_seconds=5, handler_timeout_seconds=5)
+
+
+async def test_unless_set_two_batches_of_handlers_may_be_in_flight(db, registry, clock):
+    """The default follows the batch size: a round and the round overlapping its last calls
+    can each start every event at once; what a user sets wins."""
+    from engine import DispatcherSettings, build_dispatcher
+
+    gate = asyncio.Event()
+    in_flight = 0
+    peak = 0
+
+    @registry.handler("orders.placed", key="orders.waits")
+    async def waits(envelope):
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        if in_flight == 12:
+            gate.set()
+        await asyncio.wait_for(gate.wait(), 5)
+        in_flight -= 1
+
+    await publish(db, registry, count=12)
+    dispatcher = build_dispatcher(db, registry, DispatcherSettings(batch_size=12), clock=clock)
+    assert dispatcher.max_concurrency == 24
+    assert (await dispatcher.dispatch_once()).published == 12
+    assert peak == 12  # the whole batch at once
+    assert OutboxDispatcher(db, registry, batch_size=7).max_concurrency == 14
+    chosen = DispatcherSettings(batch_size=12, max_concurrency=3)
+    assert build_dispatcher(db, registry, chosen).max_concurrency == 3

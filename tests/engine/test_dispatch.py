@@ -140,7 +140,7 @@ async def test_transient_failures_follow_backoff_then_dead_letter(db, registry, 
 
     [event_id] = await publish(db, registry, max_attempts=4)
     dispatcher = OutboxDispatcher(
-        db, registry, clock=clock, backoff=BackoffPolicy(base_seconds=10, max_seconds=25)
+        db, registry, clock=clock, backoff=BackoffPolicy(base_seconds=10, max_seconds=25, jitter=0)
     )
     start = clock.now
     expected_delays = [10, 20, 25]  # doubling, capped
@@ -476,7 +476,9 @@ async def test_handler_that_succeeded_is_skipped_when_the_event_is_retried(db, r
             raise TimeoutError("crm slow")
 
     await publish(db, registry)
-    dispatcher = OutboxDispatcher(db, registry, clock=clock, backoff=BackoffPolicy(base_seconds=1))
+    dispatcher = OutboxDispatcher(
+        db, registry, clock=clock, backoff=BackoffPolicy(base_seconds=1, jitter=0)
+    )
     assert await dispatcher.dispatch_once() == DispatchResult(claimed=1, failed=1)
     clock.advance(1)
     assert await dispatcher.dispatch_once() == DispatchResult(claimed=1, published=1)
@@ -526,7 +528,7 @@ async def test_a_lost_completion_records_only_the_handlers_that_ran_in_that_deli
 
     [event_id] = await publish(db, registry)
     dispatcher = OutboxDispatcher(
-        db, registry, clock=clock, lease_seconds=30, backoff=BackoffPolicy(base_seconds=1)
+        db, registry, clock=clock, lease_seconds=30, backoff=BackoffPolicy(base_seconds=1, jitter=0)
     )
     assert await dispatcher.dispatch_once() == DispatchResult(claimed=1, failed=1)
     clock.advance(1)
@@ -590,7 +592,11 @@ async def test_a_broker_away_never_takes_an_events_last_attempt(db, registry, cl
             )
 
     dispatcher = OutboxDispatcher(
-        db, registry, clock=clock, external_publisher=Relay(), backoff=BackoffPolicy(base_seconds=5)
+        db,
+        registry,
+        clock=clock,
+        external_publisher=Relay(),
+        backoff=BackoffPolicy(base_seconds=5, jitter=0),
     )
     for _ in range(3):  # the outage goes on: three rounds, each a last attempt
         await dispatcher.dispatch_once()
@@ -647,7 +653,7 @@ async def test_a_dispatcher_budget_overrides_every_rows_max_attempts(db, registr
 
     [event_id] = await publish(db, registry)  # the row's own budget: 10
     dispatcher = OutboxDispatcher(
-        db, registry, clock=clock, max_attempts=2, backoff=BackoffPolicy(base_seconds=1)
+        db, registry, clock=clock, max_attempts=2, backoff=BackoffPolicy(base_seconds=1, jitter=0)
     )
     assert (await dispatcher.dispatch_once()).failed == 1
     clock.advance(1)

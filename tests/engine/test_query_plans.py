@@ -11,8 +11,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from engine import create_engine, create_schema
 from engine.dispatch import claim_sql, claimer, fenced_writes
-from engine.dispatch.claim_sql import ClaimScope
-from engine.dispatch.claimer import Claimer
+from engine.dispatch.claimer import Claimer, ClaimScope
 from engine.operating import dispatch_health, insights, pauses
 from engine.operating.event_views import SUMMARY_COLUMNS, EventFilter, filtered
 from engine.storage.schema import IN_FLIGHT_PREDICATE, KEYED_PREDICATE, UtcDateTime

@@ -118,7 +118,9 @@ async def test_succeeded_side_effect_is_not_rerun_when_the_handler_retries(db, r
             raise ConnectionError("ledger down after shipping")
 
     [event_id] = await publish(db, registry)
-    dispatcher = OutboxDispatcher(db, registry, clock=clock, backoff=BackoffPolicy(base_seconds=1))
+    dispatcher = OutboxDispatcher(
+        db, registry, clock=clock, backoff=BackoffPolicy(base_seconds=1, jitter=0)
+    )
     assert await dispatcher.dispatch_once() == DispatchResult(claimed=1, failed=1)
     clock.advance(1)
     assert await dispatcher.dispatch_once() == DispatchResult(claimed=1, published=1)
@@ -149,7 +151,9 @@ async def test_raising_side_effect_is_recorded_failed_and_retried(db, registry, 
         await run_event_side_effect("vendor.notify", send)
 
     [event_id] = await publish(db, registry)
-    dispatcher = OutboxDispatcher(db, registry, clock=clock, backoff=BackoffPolicy(base_seconds=1))
+    dispatcher = OutboxDispatcher(
+        db, registry, clock=clock, backoff=BackoffPolicy(base_seconds=1, jitter=0)
+    )
     assert (await dispatcher.dispatch_once()).failed == 1
     async with db.connect() as conn:
         [effect] = (await conn.execute(select(side_effects))).mappings().all()
@@ -192,7 +196,7 @@ async def test_a_handler_timed_out_after_the_call_still_records_it(db, registry,
         clock=clock,
         handler_timeout_seconds=0.5,  # the lookup and the call fit; the record does not
         idempotency_store=_SlowRecords(db, clock=clock),
-        backoff=BackoffPolicy(base_seconds=1),
+        backoff=BackoffPolicy(base_seconds=1, jitter=0),
     )
     result = await dispatcher.dispatch_once()
     assert result == DispatchResult(claimed=1, failed=1)

@@ -14,8 +14,7 @@ from datetime import timedelta
 from engine import OutboxDispatcher
 from engine.dispatch import fenced_writes
 from engine.dispatch.backoff import BackoffPolicy
-from engine.dispatch.claim_sql import ClaimScope
-from engine.dispatch.claimer import SEQ_FLOOR_RESET, ClaimCursor, ClaimedBatch, Claimer
+from engine.dispatch.claimer import SEQ_FLOOR_RESET, ClaimCursor, ClaimedBatch, Claimer, ClaimScope
 from engine.storage.schema import outbox_events
 
 from .conftest import rows
@@ -74,7 +73,7 @@ async def test_a_retry_below_the_floor_is_claimed_within_the_reset_while_a_backl
             raise RuntimeError("vendor hiccup")
 
     registry.register_handler("orders.placed", handler, key="floor-test")
-    retry = BackoffPolicy(kind="fixed", base_seconds=0.5, max_seconds=0.5)
+    retry = BackoffPolicy(kind="fixed", base_seconds=0.5, max_seconds=0.5, jitter=0)
     dispatcher = OutboxDispatcher(db, registry, clock=clock, batch_size=2, backoff=retry)
     assert (await dispatcher.dispatch_once()).failed == 1  # ids[0] waits for its retry
     clock.advance(0.6)  # due again, below the floor, with 18 rows waiting above it

@@ -14,8 +14,7 @@ from sqlalchemy import text
 
 from engine import EventRegistry, OutboxDispatcher
 from engine.dispatch import ExternalPublishResult
-from engine.dispatch.claim_sql import ClaimScope
-from engine.dispatch.claimer import Claimer
+from engine.dispatch.claimer import Claimer, ClaimScope
 from engine.operating.insights import OutboxInsights
 from engine.running.heartbeat import Heartbeat
 

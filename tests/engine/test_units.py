@@ -25,7 +25,7 @@ def test_uuid7_is_version_7_and_strictly_increasing():
 
 
 def test_exponential_backoff_doubles_up_to_the_cap():
-    policy = BackoffPolicy(base_seconds=5, max_seconds=300)
+    policy = BackoffPolicy(base_seconds=5, max_seconds=300, jitter=0)
     assert [policy.delay(n).total_seconds() for n in range(1, 9)] == [
         5,
         10,
@@ -40,7 +40,7 @@ def test_exponential_backoff_doubles_up_to_the_cap():
 
 
 def test_fixed_backoff_and_jitter_bounds():
-    assert BackoffPolicy(kind="fixed", base_seconds=7).delay(9) == timedelta(seconds=7)
+    assert BackoffPolicy(kind="fixed", base_seconds=7, jitter=0).delay(9) == timedelta(seconds=7)
     jittery = BackoffPolicy(base_seconds=10, max_seconds=10, jitter=0.5)
     delays = {jittery.delay(3, random.Random(i)).total_seconds() for i in range(50)}
     assert all(5 <= d <= 10 for d in delays) and len(delays) > 10

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from engine import EventRegistry
 from engine.inbox import InboxWriter, ReceivedMessage, RowBuilder, decode_message
-from engine.running.run_loop import build_dispatcher, run_dispatcher
+from engine.running.build import build_dispatcher
+from engine.running.run_loop import run_dispatcher
 from engine.settings import DispatcherSettings, load_settings
 from engine.storage.schema import outbox_events as t
 from tests.inbox.conftest import count

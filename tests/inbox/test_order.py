@@ -28,7 +28,7 @@ from engine import (
 from engine.inbox.consumer import InboxConsumer
 from engine.inbox.writer import InboxWriter
 from engine.relay import RabbitMqOutboxPublisher
-from engine.running.run_loop import build_dispatcher
+from engine.running.build import build_dispatcher
 from engine.settings import DispatcherSettings
 from engine.writing.publisher import OutboxEvent
 from tests.inbox.conftest import FAST, Inbound, count, eventually, inbound_rows, running

@@ -28,15 +28,14 @@ from engine.clock import uuid7
 from engine.context import TaskContext
 from engine.dispatch import ExternalPublishResult
 from engine.errors import ConfigurationError
-from engine.relay import BrokerUnavailableError, RabbitMqOutboxPublisher
-from engine.relay import rabbitmq as rabbitmq_relay
+from engine.relay import BrokerUnavailableError, RabbitMqOutboxPublisher, circuit
 from engine.relay.cloudevents import rfc3339
 from engine.storage.database import mask_url
 from tests.engine.conftest import rows
 
 from .conftest import TRACE, BrokerControl, Topology, add_events
 
-ONE_SECOND = BackoffPolicy(kind="fixed", base_seconds=1, max_seconds=1)
+ONE_SECOND = BackoffPolicy(kind="fixed", base_seconds=1, max_seconds=1, jitter=0)
 
 
 def closed_port() -> int:
@@ -154,7 +153,7 @@ async def test_a_channel_found_closed_before_the_publish_spends_no_attempt() -> 
     async def connected():
         return exchange
 
-    publisher._ensure_connected = connected  # type: ignore[method-assign]
+    publisher._broker.ensure = connected  # type: ignore[method-assign]
     result = await publisher.publish([first, retry])
     assert result.published == set() and result.failed == {}
     assert result.unattempted == {first.event_id, retry.event_id}  # the retry's last try kept
@@ -193,8 +192,8 @@ async def test_an_exchange_refusal_names_the_outage_over_the_publishes_its_close
     async def connected():
         return exchange
 
-    publisher._ensure_connected = connected  # type: ignore[method-assign]
-    publisher._open_channel = connected  # type: ignore[method-assign]
+    publisher._broker.ensure = connected  # type: ignore[method-assign]
+    publisher._broker.reopen = connected  # type: ignore[method-assign]
     result = await publisher.publish([refused, *behind])
     assert result.published == set()
     assert set(result.failed) == {refused.event_id} <= result.unavailable  # keeps its last try
@@ -337,7 +336,7 @@ async def test_an_events_own_failure_spends_its_attempt_even_beside_an_outage(
     async def connected():
         return Exchange()
 
-    monkeypatch.setattr(relay, "_ensure_connected", connected)
+    monkeypatch.setattr(relay._broker, "ensure", connected)
     dispatcher = OutboxDispatcher(db, registry, clock=clock, external_publisher=relay)
     result = await dispatcher.dispatch_once()
     assert (result.failed, result.dead_lettered) == (1, 1)
@@ -815,7 +814,7 @@ async def test_the_circuit_probes_a_broker_found_away_at_a_growing_interval(
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="engine.relay.rabbitmq")
     now = [1000.0]  # the circuit's clock, moved by hand: a loaded machine cannot skew it
-    monkeypatch.setattr(rabbitmq_relay, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    monkeypatch.setattr(circuit, "time", SimpleNamespace(monotonic=lambda: now[0]))
     publisher = RabbitMqOutboxPublisher(
         f"amqp://relay:pw@127.0.0.1:{closed_port()}/", probe_interval=0.2, max_probe_interval=0.4
     )

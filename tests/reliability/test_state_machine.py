@@ -62,8 +62,7 @@ from engine import (
     unit_of_work,
 )
 from engine.dispatch import fenced_writes
-from engine.dispatch.claim_sql import ClaimScope
-from engine.dispatch.claimer import ClaimCursor, ClaimedBatch, Claimer
+from engine.dispatch.claimer import ClaimCursor, ClaimedBatch, Claimer, ClaimScope
 from engine.operating.replay import replay_dead_letter, skip_dead_letter
 from engine.storage.schema import (
     DEAD_LETTER,
@@ -240,7 +239,7 @@ class OutboxMachine(RuleBasedStateMachine):
             dispatcher_id=REAL,
             batch_size=100,
             lease_seconds=LEASE.total_seconds(),
-            backoff=BackoffPolicy(kind="fixed", base_seconds=RETRY.total_seconds()),
+            backoff=BackoffPolicy(kind="fixed", base_seconds=RETRY.total_seconds(), jitter=0),
             clock=self.clock,
         )
         self.run(self._clear())

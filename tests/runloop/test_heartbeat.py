@@ -6,8 +6,9 @@ import asyncio
 
 import pytest
 
+from engine.running.build import build_dispatcher
 from engine.running.heartbeat import Heartbeat
-from engine.running.run_loop import build_dispatcher, run_dispatcher
+from engine.running.run_loop import run_dispatcher
 
 from .conftest import fast, heartbeat_row, publish
 

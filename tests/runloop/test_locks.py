@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from engine import DispatchResult, create_engine
+from engine.running.build import build_dispatcher
 from engine.running.locks import LeaseLock, PostgresAdvisoryLock, advisory_key, lock_provider_for
-from engine.running.run_loop import build_dispatcher
 
 from .conftest import fast, publish, statuses
 

@@ -10,8 +10,9 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy import func, select
 
 from engine import DispatchResult, EventHandlerPermanentError
+from engine.running.build import build_dispatcher
 from engine.running.metrics import OutboxMetrics, serve_metrics
-from engine.running.run_loop import build_dispatcher, run_dispatcher
+from engine.running.run_loop import run_dispatcher
 from engine.storage.schema import outbox_events
 
 from .conftest import fast, publish

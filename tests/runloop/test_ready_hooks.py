@@ -6,7 +6,8 @@ import pytest
 
 from engine import EventRegistry
 from engine.errors import EventRegistrationError, InstalledAppError
-from engine.running.run_loop import build_dispatcher, run_dispatcher
+from engine.running.build import build_dispatcher
+from engine.running.run_loop import run_dispatcher
 
 from .conftest import fast, heartbeat_row, publish, statuses
 

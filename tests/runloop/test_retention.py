@@ -8,7 +8,8 @@ from sqlalchemy import func, select
 
 from engine import EventHandlerPermanentError, run_event_side_effect
 from engine.operating.retention import purge_published
-from engine.running.run_loop import build_dispatcher, run_dispatcher
+from engine.running.build import build_dispatcher
+from engine.running.run_loop import run_dispatcher
 from engine.storage.schema import handler_runs, side_effects
 
 from .conftest import fast, publish, statuses

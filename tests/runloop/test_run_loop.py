@@ -8,7 +8,9 @@ import time
 import pytest
 
 from engine import DispatchResult
-from engine.running.run_loop import RunSummary, build_dispatcher, run_dispatcher
+from engine.running.build import build_dispatcher
+from engine.running.run_loop import run_dispatcher
+from engine.running.summary import RunSummary
 
 from .conftest import eventually, fast, publish, statuses
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
+from engine import EventRegistry, OutboxDispatcher, build_dispatcher, create_engine
 from engine.errors import ConfigurationError, DatabaseUrlError
 from engine.settings import DispatcherSettings, OutboxSettings, load_settings, misspelt_variables
 
@@ -36,6 +39,18 @@ def test_defaults_survive_a_short_outage():
     # the waits between the 10 attempts: 5, 10, ..., 160, then capped at 300
     waits = [min(300, 5 * 2 ** (n - 1)) for n in range(1, 10)]
     assert sum(waits) == 1215  # ~20 minutes of consecutive failure before a dead letter
+
+
+def test_a_dispatcher_built_directly_retries_as_one_built_from_settings(tmp_path):
+    """One backoff default: ``OutboxDispatcher(engine, registry)`` without a policy spreads
+    its retries with the same jitter as ``build_dispatcher`` from default settings."""
+    engine = create_engine(f"sqlite+aiosqlite:///{tmp_path / 'outbox.db'}")
+    direct = OutboxDispatcher(engine, EventRegistry())
+    built = build_dispatcher(engine, EventRegistry(), DispatcherSettings())
+    assert direct.backoff == built.backoff
+    assert direct.backoff.jitter == DispatcherSettings().backoff_jitter > 0
+    waits = {direct.backoff.delay(1, random.Random(seed)).total_seconds() for seed in range(20)}
+    assert len(waits) > 1 and all(4.5 <= wait <= 5 for wait in waits)  # 5 s, less up to 10 %
 
 
 def test_environment_with_prefix_and_nesting(monkeypatch):

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from engine import create_engine
-from engine.running.run_loop import build_dispatcher, run_dispatcher
+from engine.running.build import build_dispatcher
+from engine.running.run_loop import run_dispatcher
 
 from .conftest import eventually, fast, heartbeat_row, publish
 

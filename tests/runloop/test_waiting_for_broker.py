@@ -9,7 +9,8 @@ from rich.console import Console
 
 from engine.dispatch import ExternalPublishResult
 from engine.operating.insights import OutboxInsights
-from engine.running.run_loop import build_dispatcher, run_dispatcher
+from engine.running.build import build_dispatcher
+from engine.running.run_loop import run_dispatcher
 from outbox_tui import output
 
 from .conftest import fast, publish, statuses

@@ -11,7 +11,8 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from engine import create_engine, create_schema, unit_of_work
-from engine.running.run_loop import build_dispatcher, run_dispatcher
+from engine.running.build import build_dispatcher
+from engine.running.run_loop import run_dispatcher
 from engine.running.wakeup import WakeupListener, enable_commit_notifications
 
 from .conftest import CTX, eventually, fast, publish
