@@ -7,7 +7,7 @@ process can set only once: every other test keeps running untraced.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -18,6 +18,7 @@ from opentelemetry.trace import Tracer
 from engine import EventRegistry
 from engine.tracing import set_tracer_provider
 from tests.engine.conftest import ORDER_PLACED
+from tests.inbox.conftest import Inbound
 
 
 @pytest.fixture
@@ -46,6 +47,14 @@ class Spans:
         found = self.named(name)
         assert len(found) == 1, [s.name for s in self.finished()]
         return found[0]
+
+
+@pytest.fixture
+async def inbound(amqp_url: str) -> AsyncIterator[Inbound]:
+    """An exchange and a queue of this test's own on the real broker."""
+    found = Inbound(amqp_url)
+    yield found
+    await found.delete()
 
 
 @pytest.fixture

@@ -1,0 +1,115 @@
+"""One trace across services: A's request → A's outbox → A's relay → RabbitMQ → B's inbox →
+B's dispatcher → B's handler. Service A on SQLite, service B on both databases."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from opentelemetry.trace import SpanKind, StatusCode
+from sqlalchemy import select
+
+from engine import (
+    EventRegistry,
+    OutboxDispatcher,
+    OutboxEventPublisher,
+    create_engine,
+    create_schema,
+    unit_of_work,
+)
+from engine.relay.rabbitmq import RabbitMqOutboxPublisher
+from engine.storage.schema import outbox_events as t
+from tests.engine.conftest import CTX, ORDER_PLACED, order_payload
+from tests.inbox.conftest import eventually, running
+
+from .conftest import Spans, parent_id, span_id, trace_id, traceparent_of
+
+pytestmark = [pytest.mark.rabbitmq]
+
+
+def service_a() -> EventRegistry:
+    registry = EventRegistry()
+    registry.register_event("orders.placed", 1, ORDER_PLACED)
+    return registry
+
+
+async def test_the_consumers_handler_is_in_the_producers_trace(
+    db, sqlite_url, amqp_url, inbound, spans: Spans
+):
+    a_db = create_engine(sqlite_url.replace("outbox.db", "service-a.db"))
+    await create_schema(a_db)
+    a = service_a()
+    b = service_a()  # the consuming service registers the type it handles
+
+    @b.handler("orders.placed", key="shipping.reserve")
+    async def reserve(envelope):
+        with spans.tracer.start_as_current_span("reserve stock"):
+            await asyncio.sleep(0)
+
+    try:
+        with spans.tracer.start_as_current_span("POST /orders", kind=SpanKind.SERVER):
+            async with unit_of_work(a_db, registry=a, context=CTX) as session:
+                await OutboxEventPublisher(session).publish(
+                    "orders.placed", order_payload(), aggregate_type="order", aggregate_id="o-1"
+                )
+        await inbound.declare()
+        async with RabbitMqOutboxPublisher(amqp_url, exchange=inbound.exchange) as relay:
+            result = await OutboxDispatcher(a_db, a, external_publisher=relay).dispatch_once()
+        assert result.published == 1
+    finally:
+        await a_db.dispose()
+
+    async with running(db, b, inbound.settings(), amqp_url) as run:
+        await eventually(lambda: _stored(db), "B's inbox to store the event")
+        await run.stop()
+    async with db.connect() as conn:
+        stored = (await conn.execute(select(t.c.traceparent, t.c.tracestate))).one()
+    assert (await OutboxDispatcher(db, b).dispatch_once()).published == 1
+
+    request = spans.one("POST /orders")
+    write = spans.one("publish orders.placed")
+    send = spans.one(f"publish {inbound.exchange}")
+    process = spans.one("process orders.placed")
+    handler = spans.one("reserve stock")
+    assert {trace_id(s) for s in (request, write, send, process, handler)} == {trace_id(request)}
+    assert parent_id(write) == span_id(request)
+    assert parent_id(send) == span_id(write)  # the relay continues the stored context
+    assert parent_id(process) == span_id(send)  # B continues what the message carried
+    assert parent_id(handler) == span_id(process)
+    assert send.kind is SpanKind.PRODUCER and process.kind is SpanKind.CONSUMER
+    assert stored.traceparent == traceparent_of(send)
+    attributes = dict(send.attributes or {})
+    assert attributes["messaging.system"] == "rabbitmq"
+    assert attributes["messaging.destination.name"] == inbound.exchange
+    assert attributes["messaging.rabbitmq.destination.routing_key"] == "orders.placed"
+    assert attributes["outbox.outcome"] == "published"
+    assert send.status.status_code is StatusCode.UNSET
+
+
+async def _stored(db) -> bool:
+    async with db.connect() as conn:
+        return (await conn.execute(select(t.c.id))).first() is not None
+
+
+async def test_a_message_the_broker_cannot_route_ends_its_span_in_error(
+    sqlite_url, amqp_url, inbound, spans: Spans
+):
+    a_db = create_engine(sqlite_url)
+    await create_schema(a_db)
+    a = service_a()
+    try:
+        async with unit_of_work(a_db, registry=a, context=CTX) as session:
+            await OutboxEventPublisher(session).publish(
+                "orders.placed", order_payload(), aggregate_type="order", aggregate_id="o-1"
+            )
+        # The exchange exists, no queue is bound: the mandatory message comes back.
+        async with RabbitMqOutboxPublisher(amqp_url, exchange=inbound.exchange) as relay:
+            result = await OutboxDispatcher(a_db, a, external_publisher=relay).dispatch_once()
+        assert result.failed == 1
+    finally:
+        await a_db.dispose()
+    send = spans.one(f"publish {inbound.exchange}")
+    assert parent_id(send) == span_id(spans.one("publish orders.placed"))
+    assert send.status.status_code is StatusCode.ERROR
+    assert dict(send.attributes or {})["outbox.outcome"] == "failed"
+    assert any(e.name == "exception" for e in send.events)
