@@ -81,6 +81,20 @@ def heartbeat_record(hb: HeartbeatView) -> dict[str, Any]:
     }
 
 
+def lag_record(snapshot: OverviewSnapshot) -> dict[str, Any] | None:
+    lag = snapshot.lag
+    if lag is None:
+        return None
+    return {
+        "window_seconds": lag.window_seconds,
+        "events": lag.events,
+        "dispatchers": lag.dispatchers,
+        "p50_seconds": seconds(lag.p50_seconds),
+        "p90_seconds": seconds(lag.p90_seconds),
+        "p99_seconds": seconds(lag.p99_seconds),
+    }
+
+
 def pause_record(held: PausedBacklog) -> dict[str, Any]:
     p = held.pause
     return {
@@ -150,6 +164,9 @@ def stats_record(
         # Pending or failed events behind a dead-lettered head: they wait for an operator.
         "held_by_dead_letters": snapshot.held_by_dead_letters,
         "heartbeats": [heartbeat_record(hb) for hb in snapshot.heartbeats],
+        # The last minute's outbox lag (creation to start of processing) over the live
+        # dispatchers that measure it (run with metrics); null when none does.
+        "lag": lag_record(snapshot),
         # Waiting events of types no live dispatcher serves: they stay pending.
         "unserved": [
             {

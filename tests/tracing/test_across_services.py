@@ -18,6 +18,9 @@ from engine import (
     unit_of_work,
 )
 from engine.relay.rabbitmq import RabbitMqOutboxPublisher
+from engine.running.build import build_dispatcher
+from engine.running.metrics import OutboxMetrics
+from engine.settings import DispatcherSettings
 from engine.storage.schema import outbox_events as t
 from tests.engine.conftest import CTX, ORDER_PLACED, order_payload
 from tests.inbox.conftest import eventually, running
@@ -113,3 +116,38 @@ async def test_a_message_the_broker_cannot_route_ends_its_span_in_error(
     assert send.status.status_code is StatusCode.ERROR
     assert dict(send.attributes or {})["outbox.outcome"] == "failed"
     assert any(e.name == "exception" for e in send.events)
+
+
+async def test_the_relay_times_each_publish_to_its_confirm(sqlite_url, amqp_url, inbound):
+    """Metrics without tracing: the relay's confirm histogram and the outbox lag."""
+    a_db = create_engine(sqlite_url)
+    await create_schema(a_db)
+    a = service_a()
+    metrics = OutboxMetrics()
+    try:
+        async with unit_of_work(a_db, registry=a, context=CTX) as session:
+            for n in range(3):
+                await OutboxEventPublisher(session).publish(
+                    "orders.placed", order_payload(f"o-{n}"), aggregate_type="order",
+                    aggregate_id=f"o-{n}",
+                )  # fmt: skip
+        await inbound.declare()
+        async with RabbitMqOutboxPublisher(
+            amqp_url, exchange=inbound.exchange, observer=metrics
+        ) as relay:
+            dispatcher = build_dispatcher(
+                a_db, a, DispatcherSettings(), external_publisher=relay, metrics=metrics
+            )
+            assert (await dispatcher.dispatch_once()).published == 3
+    finally:
+        await a_db.dispose()
+    labels = {"event_type": "orders.placed", "outcome": "published"}
+    confirm = metrics.registry.get_sample_value("outbox_relay_confirm_seconds_count", labels)
+    assert confirm == 3
+    assert metrics.registry.get_sample_value("outbox_relay_confirm_seconds_sum", labels) > 0
+    assert metrics.registry.get_sample_value("outbox_event_lag_seconds_count", labels) == 3
+    # A relay has no handlers: no handler time is observed.
+    assert metrics.registry.get_sample_value("outbox_handler_duration_seconds_count", labels) in (
+        None,
+        0,
+    )
