@@ -32,7 +32,7 @@ class TraceParent(NamedTuple):
     """What a ``traceparent`` names: the trace, and the span the event's spans hang under."""
 
     trace_id: str
-    parent_span_id: str
+    span_id: str  # the parent the event's own spans take
     sampled: bool
 
 

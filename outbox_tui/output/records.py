@@ -56,6 +56,10 @@ def event_detail_record(detail: EventDetail) -> dict[str, Any]:
         "payload": detail.payload,
         "payload_error": detail.payload_error,
         "chain_id": detail.chain_id,
+        # The stored trace context, read: the trace id (else the payload's trace_id) and
+        # the span the event's own spans hang under.
+        "trace_id": detail.trace_id,
+        "parent_span_id": None if detail.trace_parent is None else detail.trace_parent.span_id,
         "chain": [_plain(link) for link in detail.chain],
         "earlier_in_key": detail.earlier_in_key,
         "handler_runs": [_plain(run) for run in detail.handler_runs],

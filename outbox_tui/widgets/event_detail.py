@@ -221,12 +221,39 @@ def _payload_tree(payload: Any) -> RenderableType:
         return Text("payload nested too deeply to show as a tree", style=ERROR)
 
 
+def trace_link(template: str | None, trace_id: str | None) -> str | None:
+    """``template`` (``--trace-url-template``) with the trace id in, when both are known."""
+    if not template or not trace_id:
+        return None
+    return template.replace("{trace_id}", trace_id)
+
+
+def _trace_rows(detail: EventDetail, trace_url_template: str | None) -> list[tuple[str, Text]]:
+    """The trace id, the span the event's spans hang under, and the link to the trace."""
+    rows = [("trace id", Text(printable(detail.trace_id or "—")))]
+    parent = detail.trace_parent
+    if parent is not None:
+        sampled = "" if parent.sampled else "  not sampled"
+        rows.append(("parent span", Text.assemble(parent.span_id, (sampled, MUTED_STYLE))))
+    elif detail.columns.get("traceparent"):  # stored, but not a W3C traceparent
+        rows.append(("parent span", Text("— (traceparent not W3C)", style=MUTED_STYLE)))
+    link = trace_link(trace_url_template, parent.trace_id if parent else detail.trace_id)
+    if link is not None:
+        rows.append(("trace", Text(printable(link), style=f"link {link}")))
+    return rows
+
+
 def render_detail(
-    detail: EventDetail, now: datetime, *, waiting: int | None = None
+    detail: EventDetail,
+    now: datetime,
+    *,
+    waiting: int | None = None,
+    trace_url_template: str | None = None,
 ) -> RenderableType:
     """The whole detail as one Rich renderable (also used by tests to read it as text).
 
-    ``waiting``: the events of its ordering key behind it, when the caller counted them.
+    ``waiting``: the events of its ordering key behind it, when the caller counted them;
+    ``trace_url_template``: where an operator opens the event's trace (``{trace_id}``).
     """
     # Stored text (producers', handlers' and outside systems') shown, never sent as control.
     c: dict[str, Any] = {  # as loosely typed as ``EventDetail.columns``, a row's mapping
@@ -241,7 +268,7 @@ def render_detail(
             ("aggregate", Text(f"{c.get('aggregate_type')}:{c.get('aggregate_id')}")),
             *_ordering_rows(detail, now, waiting),
             *_cause_rows(c),
-            ("trace id", Text(printable(detail.trace_id or "—"))),
+            *_trace_rows(detail, trace_url_template),
             ("created", _when(c.get("created_at"), now)),
         ]
     )
@@ -314,8 +341,9 @@ def render_detail(
 class EventDetailPane(VerticalScroll):
     """A scrollable pane beside the table; follows the highlighted row while open."""
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *, trace_url_template: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.trace_url_template = trace_url_template
         self.event_id: str | None = None
         self.detail: EventDetail | None = None  # what is shown, for tests and screenshots
         self.waiting: int | None = None
@@ -330,7 +358,10 @@ class EventDetailPane(VerticalScroll):
         self.detail, self.waiting = detail, waiting
         status = str(detail.columns.get("status", ""))
         self.border_subtitle = status.replace("_", " ")
-        self.query_one("#detail-body", Static).update(render_detail(detail, now, waiting=waiting))
+        body = render_detail(
+            detail, now, waiting=waiting, trace_url_template=self.trace_url_template
+        )
+        self.query_one("#detail-body", Static).update(body)
         if new_event:
             self.scroll_home(animate=False)
 

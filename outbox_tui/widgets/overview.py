@@ -254,6 +254,7 @@ class OverviewPanel(Vertical):
         short = Text.assemble(
             ("oldest pending ", MUTED),
             age,
+            *lag_parts,
             ("  ·  stuck ", MUTED),
             stuck_count,
             ("  ·  purge ", MUTED),
