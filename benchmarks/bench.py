@@ -26,6 +26,9 @@ Scenarios (see docs/BENCHMARKS.md for the last run and how each is measured):
   l  exactly-once effects: a transactional handler inserting one row / a plain handler
      inserting the same row through its own session (PostgreSQL)
   m  the same on SQLite (reported)
+  n  consume N CloudEvents into the inbox (outbox-tui consume) / raw aio-pika consuming the
+     same queue with manual acks
+  o  end to end, A's outbox → relay → RabbitMQ → B's inbox → B's handler / A's relay alone
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ from benchmarks.scenarios import Sizes
 from benchmarks.support import Context
 from engine import create_engine, create_schema
 
-ALL = "abcdefghijklm"
+ALL = "abcdefghijklmno"
 SMOKE = Sizes(
     repeats=1,
     drain=400,
@@ -74,6 +77,8 @@ SMOKE = Sizes(
     console=(300, 3_000),
     console_watch_seconds=0.5,
     effects=300,
+    inbox=300,
+    end_to_end=200,
 )
 
 
@@ -106,6 +111,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--write-seconds", type=float, help="h, per slot (default 3)")
     parser.add_argument("--latency-events", type=int, help="i (default 150)")
     parser.add_argument("--sqlite-events", type=int, help="j (default 100,000, 5 repeats)")
+    parser.add_argument("--inbox-events", type=int, help="n (default 100,000)")
+    parser.add_argument("--end-to-end-events", type=int, help="o (default 10,000, 5 repeats)")
     parser.add_argument("--batch-size", type=int, default=500)
     parser.add_argument(
         "--peer-loop", choices=("uvloop", "asyncio"), default="uvloop", help="pgqueuer's loop"
@@ -137,6 +144,8 @@ def sizes_from(args: argparse.Namespace) -> Sizes:
         "write_seconds": args.write_seconds,
         "latency_events": args.latency_events,
         "sqlite_drain": args.sqlite_events,
+        "inbox": args.inbox_events,
+        "end_to_end": args.end_to_end_events,
         "peer_loop": args.peer_loop,
     }
     sizes = replace(sizes, **{k: v for k, v in chosen.items() if v is not None})
@@ -245,6 +254,8 @@ def plan(ctx: Context, sizes: Sizes, args: argparse.Namespace) -> list[Step]:
         "k": ("k console rows", lambda: scenarios.console_rows(ctx, sizes)),
         "l": ("l exactly-once effects", lambda: scenarios.effects(ctx, sizes)),
         "m": ("m exactly-once effects, SQLite", lambda: scenarios.sqlite_effects(ctx, sizes)),
+        "n": ("n inbox consume", lambda: scenarios.consume(ctx, sizes)),
+        "o": ("o end to end", lambda: scenarios.end_to_end(ctx, sizes)),
     }
     steps += [one[c] for c in only if c in one]
     return steps

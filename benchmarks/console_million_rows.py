@@ -260,8 +260,8 @@ def peak_rss_mb() -> float:
 
 async def console_figures(url: str, watch_seconds: float = 5.0) -> dict[str, Any]:
     """The real console, headless: first screen, paging, and the longest event-loop stall."""
+    from engine.service import load_registry
     from outbox_tui.app import ConsoleConfig, make_app
-    from outbox_tui.apps import load_registry
     from outbox_tui.widgets.event_table import EventTable
 
     app = make_app(

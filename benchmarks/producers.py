@@ -11,10 +11,11 @@ Both read ``OUTBOX_DATABASE_URL``, report ready and wait for the go file in
 event published in the same transaction (``outbox``), or that row plus a ``SELECT 1`` on
 the transaction's asyncpg connection (``statement``: what one more statement costs
 whatever it does, the floor under any event written by a statement of its own),
-committed one after another. The schedule is a list of slots of S seconds each, G
-seconds apart, counted from the moment written in the go file, so every producer switches
-mode at the same instant and the modes alternate every few seconds without restarting a
-process.
+committed one after another; ``plain-psycopg`` and ``outbox-psycopg`` are the first two
+through psycopg 3 (``postgresql+psycopg://``) instead of asyncpg. The schedule is a list
+of slots of S seconds each, G seconds apart, counted from the moment written in the go
+file, so every producer switches mode at the same instant and the modes alternate every
+few seconds without restarting a process.
 
 ``latency``: one event per unit of work with the after-commit wake-up
 (``enable_commit_notifications``) installed, a random gap between commits; records each
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Column, Integer, MetaData, String, Table, insert
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from engine import EventRegistry, OutboxEventPublisher, TaskContext, create_engine, unit_of_work
@@ -41,7 +43,8 @@ from engine.clock import uuid7
 from engine.running.wakeup import enable_commit_notifications
 
 EVENT_TYPE = "bench.happened"
-WRITE_MODES = ("plain", "outbox", "statement")
+WRITE_MODES = ("plain", "outbox", "statement", "plain-psycopg", "outbox-psycopg")
+PSYCOPG = "-psycopg"
 CTX = TaskContext("acme", "bench", "req")
 business = MetaData()
 orders = Table(
@@ -83,14 +86,21 @@ async def _one_more_statement(session: AsyncSession) -> None:
 
 
 async def write(schedule: list[str], seconds: float, gap: float) -> dict[str, Any]:
-    engine = create_engine(os.environ["OUTBOX_DATABASE_URL"], pool_size=2)
+    url = make_url(os.environ["OUTBOX_DATABASE_URL"])
+    engines = {"asyncpg": create_engine(url, pool_size=2)}
+    if any(mode.endswith(PSYCOPG) for mode in schedule):
+        psycopg_url = url.set(drivername="postgresql+psycopg")
+        engines["psycopg"] = create_engine(psycopg_url, pool_size=2)
     registry = _registry()
     slots = []
     try:
-        async with engine.connect() as conn:  # the first connection is not on the clock
-            await conn.exec_driver_sql("SELECT 1")
+        for engine in engines.values():  # the first connections are not on the clock
+            async with engine.connect() as conn:
+                await conn.exec_driver_sql("SELECT 1")
         start = await _wait_for_go()
-        for n, mode in enumerate(schedule):
+        for n, slot_mode in enumerate(schedule):
+            engine = engines["psycopg" if slot_mode.endswith(PSYCOPG) else "asyncpg"]
+            mode = slot_mode.removesuffix(PSYCOPG)
             slot_start = start + n * (seconds + gap)
             await asyncio.sleep(max(0.0, slot_start - time.time()))
             commits = 0
@@ -105,9 +115,10 @@ async def write(schedule: list[str], seconds: float, gap: float) -> dict[str, An
                     elif mode == "statement":
                         await _one_more_statement(session)
                 commits += 1
-            slots.append({"mode": mode, "commits": commits})
+            slots.append({"mode": slot_mode, "commits": commits})
     finally:
-        await engine.dispose()
+        for engine in engines.values():
+            await engine.dispose()
     return {"slots": slots}
 
 

@@ -198,6 +198,18 @@ def notes(records: list[dict[str, Any]]) -> list[str]:
                 + "): what any second statement costs here, the floor under an event "
                 "written by a statement of its own."
             )
+        if rec.get("psycopg"):
+            psy = rec["psycopg"]
+            lines.append(
+                f"- h, psycopg 3 (`postgresql+psycopg`): row alone / row + event "
+                f"**{psy['cost']['ratio']:.2f}** ("
+                + ", ".join(f"{r:.2f}" for r in psy["cost"]["ratios"])
+                + f"; {psy['outbox']['median']:,.0f} against {psy['plain']['median']:,.0f} "
+                f"commits/s); its row + event against asyncpg's "
+                f"{psy['against_asyncpg']['ratio']:.2f} ("
+                + ", ".join(f"{r:.2f}" for r in psy["against_asyncpg"]["ratios"])
+                + ")."
+            )
         if rec.get("duplicates") is not None:
             lines.append(f"- e: events handled twice across all runs: {rec['duplicates']}.")
         if rec.get("unit") == "ms" and rec["status"] == "ok":
@@ -284,7 +296,9 @@ HOW_TO_READ = [
     "  gathered 500 at a time on one confirming channel.",
     "- The write path runs N producer processes, each committing one unit of work after",
     "  another for a fixed time, with and without one outbox event in it, and with a bare",
-    "  `SELECT 1` in its place (a note gives its cost: a second statement's round trip).",
+    "  `SELECT 1` in its place (a note gives its cost: a second statement's round trip);",
+    "  the row and the row + event also go through psycopg 3 (`postgresql+psycopg`) in",
+    "  slots of their own (a note gives that driver's cost, and its rate against asyncpg's).",
     "- The SQLite drain preloads the same events (one executemany in one transaction) into",
     "  a fresh file in the harness's workdir on a real disk (WAL, synchronous=FULL: every",
     "  commit pays its fsync) before each run. One dispatcher, as SQLite has one writer at a",

@@ -22,6 +22,7 @@ from typing import Any
 from benchmarks import (
     console_million_rows,
     drains,
+    inbox,
     peer_amqp,
     peer_pgqueuer,
     producing,
@@ -72,6 +73,8 @@ class Sizes:
     console: tuple[int, int] | None = None  # (100_000, 1_000_000) with --large
     console_watch_seconds: float = 5.0
     effects: int = 20_000  # l and m: one business row per event, a commit per event
+    inbox: int = 100_000
+    end_to_end: int = 10_000
 
 
 def record(sid: str, title: str, **fields: Any) -> dict[str, Any]:
@@ -390,15 +393,80 @@ async def relay(ctx: Context, sizes: Sizes) -> dict[str, Any]:
     )
 
 
+async def consume(ctx: Context, sizes: Sizes) -> dict[str, Any]:
+    n = sizes.inbox
+    title = (
+        f"n. consume {n:,} CloudEvents into the inbox: ours / raw aio-pika consuming the "
+        "same queue with manual acks, doing nothing"
+    )
+    if ctx.amqp_url is None:
+        return skipped("n", title, "no RabbitMQ (pass --amqp-url)")
+    try:
+        runs = await alternate(
+            sizes.repeats,
+            [
+                ("ours", lambda: inbox.ours_consume(ctx, n)),
+                ("raw", lambda: inbox.raw_consume(ctx, n)),
+            ],
+        )
+    finally:
+        await inbox.delete_queues(ctx.amqp_url)
+    result = ratio(runs["ours"], runs["raw"])
+    return record(
+        "n",
+        title,
+        unit="messages/s",
+        ours=side(f"outbox-tui consume ×1, prefetch {inbox.PREFETCH}", runs["ours"]),
+        peer=side(f"aio-pika, prefetch {inbox.PREFETCH}, an ack each", runs["raw"]),
+        target=">= 0.7",
+        met=met(result["ratio"], ">= 0.7"),
+        **result,
+    )
+
+
+async def end_to_end(ctx: Context, sizes: Sizes) -> dict[str, Any]:
+    n = sizes.end_to_end
+    title = (
+        f"o. {n:,} events end to end, A's outbox → relay → RabbitMQ → B's inbox → B's "
+        "handler: / A's relay alone (reported)"
+    )
+    if ctx.amqp_url is None:
+        return skipped("o", title, "no RabbitMQ (pass --amqp-url)")
+    try:
+        runs = await alternate(
+            noisy_row_repeats(sizes, sizes.relay_repeats),
+            [
+                ("ours", lambda: inbox.end_to_end(ctx, n)),
+                ("relay", lambda: drains.relay(ctx, n)),
+            ],
+        )
+    finally:
+        await peer_amqp.delete_queue(ctx.amqp_url)
+        await inbox.delete_queues(ctx.amqp_url)
+    result = ratio(runs["ours"], runs["relay"])
+    return record(
+        "o",
+        title,
+        unit="events/s",
+        ours=side("A's relay + B's consume + B's dispatcher, one process each", runs["ours"]),
+        peer=side(f"A's relay alone, batch {ctx.batch_size}", runs["relay"]),
+        target=None,
+        met=None,
+        **result,
+    )
+
+
 async def write_path(ctx: Context, sizes: Sizes) -> dict[str, Any]:
     """The modes alternate slot by slot in one set of producer processes (see producing).
 
     Beside the two compared, each round has a slot of the row plus a bare ``SELECT 1``
     (``statement``): its cost against the row alone is what any second statement costs
-    on this machine, the floor under an event written by a statement of its own.
+    on this machine, the floor under an event written by a statement of its own. The row
+    alone and with its event are also written through psycopg 3 (``-psycopg``): the
+    same cost per driver, and psycopg's write path against asyncpg's (decision 0035).
     """
     producers, seconds, pairs = sizes.write_producers, sizes.write_seconds, sizes.write_pairs
-    modes = ["outbox", "plain", "statement"]
+    modes = ["outbox", "plain", "statement", "outbox-psycopg", "plain-psycopg"]
     schedule = []
     for n in range(pairs):
         turn = n % len(modes)
@@ -406,17 +474,25 @@ async def write_path(ctx: Context, sizes: Sizes) -> dict[str, Any]:
     runs = await producing.write_schedule(ctx, schedule, producers=producers, seconds=seconds)
     by_mode = {mode: [r for r in runs if r["mode"] == mode] for mode in modes}
     outbox, plain, statement = by_mode["outbox"], by_mode["plain"], by_mode["statement"]
+    psy_outbox, psy_plain = by_mode["outbox-psycopg"], by_mode["plain-psycopg"]
     # A cost: how many times slower the write path gets with the event (lower is better).
     result = ratio(outbox, plain, invert=True)
     floor = side("business row + SELECT 1", statement)
+    psycopg = {
+        "outbox": side("business row + outbox event, psycopg", psy_outbox),
+        "plain": side("business row alone, psycopg", psy_plain),
+        "cost": ratio(psy_outbox, psy_plain, invert=True),
+        "against_asyncpg": ratio(psy_outbox, outbox),
+    }
     return record(
         "h",
         f"h. write path, {producers} producers, durable commits: row alone / row + event "
-        f"(a cost; {pairs} alternations of {seconds:g} s)",
+        f"(a cost; asyncpg; {pairs} alternations of {seconds:g} s)",
         unit="commits/s",
         ours=side("business row + outbox event", outbox),
         peer=side("business row alone", plain),
         second_statement={**floor, **ratio(statement, plain, invert=True)},
+        psycopg=psycopg,
         target="<= 1.2",
         met=met(result["ratio"], "<= 1.2"),
         **result,

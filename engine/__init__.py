@@ -55,12 +55,17 @@ from engine.running.build import build_dispatcher
 from engine.running.run_loop import run_dispatcher
 from engine.running.summary import RunSummary
 from engine.settings import DispatcherSettings, OutboxSettings, load_settings
-from engine.storage.database import create_engine, create_schema, mask_url
+from engine.storage.database import create_engine, create_schema
 from engine.storage.schema import metadata
+from engine.storage.secrets import mask_url
+from engine.storage.sync_database import create_sync_engine
 from engine.writing.domain import AggregateRoot
 from engine.writing.envelope import EventEnvelope
-from engine.writing.publisher import OutboxEventPublisher
-from engine.writing.registry import EventRegistry, EventSchemaSpec, Ordering
+from engine.writing.publisher import OutboxEvent, OutboxEventPublisher
+from engine.writing.registry import EventRegistry, Ordering
+from engine.writing.schema_spec import EventSchemaSpec
+from engine.writing.sync_publisher import SyncOutboxEventPublisher
+from engine.writing.sync_uow import sync_unit_of_work
 from engine.writing.uow import unit_of_work
 
 __all__ = [
@@ -95,6 +100,7 @@ __all__ = [
     "Ordering",
     "OutboxDispatcher",
     "OutboxError",
+    "OutboxEvent",
     "OutboxEventPublisher",
     "OutboxInsights",
     "OutboxSettings",
@@ -110,6 +116,7 @@ __all__ = [
     "SchemaOutdatedError",
     "SkipResult",
     "StorageError",
+    "SyncOutboxEventPublisher",
     "TaskContext",
     "TenantMismatchError",
     "TypeCounts",
@@ -118,6 +125,7 @@ __all__ = [
     "build_dispatcher",
     "create_engine",
     "create_schema",
+    "create_sync_engine",
     "current_task_context",
     "load_settings",
     "mask_url",
@@ -126,5 +134,6 @@ __all__ = [
     "run_dispatcher",
     "run_event_side_effect",
     "skip_dead_letter",
+    "sync_unit_of_work",
     "unit_of_work",
 ]

@@ -49,7 +49,8 @@ from engine.dispatch import CONCURRENCY_PER_BATCH, MAX_BATCH_SIZE
 from engine.dispatch.backoff import DEFAULT_BACKOFF
 from engine.errors import ConfigurationError, DatabaseUrlError
 from engine.operating.replay import DEFAULT_DEDUP_WINDOW
-from engine.storage.database import DEFAULT_DATABASE_URL, mask_secrets, parse_database_url
+from engine.storage.database import DEFAULT_DATABASE_URL, parse_database_url
+from engine.storage.secrets import mask_secrets
 
 ENV_PREFIX = "OUTBOX_"
 _HOUR = 3600.0

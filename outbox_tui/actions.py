@@ -105,6 +105,15 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         binding_id="error-groups",
     ),
     A(
+        "show_catalog",
+        "c",
+        VIEWS,
+        "event catalog: the installed apps' types, versions, schemas, handlers and routing",
+        "Show the event catalog",
+        "types, versions, JSON Schemas, handlers, routing",
+        binding_id="catalog",
+    ),
+    A(
         "open_detail",
         None,
         VIEWS,

@@ -17,9 +17,10 @@ from textual.app import App
 from engine.clock import Clock, utc_now
 from engine.operating.insights import OutboxInsights
 from engine.operating.replay import default_operator
+from engine.operating.retention import inbound_window
 from engine.service import DispatchSpec, insights_for, load_registry, open_engine
 from engine.settings import DEFAULT_EXCHANGE, ConsoleSettings, DispatcherSettings, OutboxSettings
-from engine.storage.database import mask_url
+from engine.storage.secrets import mask_url
 from engine.writing.registry import EventRegistry
 from outbox_tui import PROG
 from outbox_tui.actions import bindings
@@ -112,6 +113,13 @@ class OutboxConsole(App[int]):
     @property
     def main(self) -> MainScreen:
         return self._main
+
+    @property
+    def inbound_window(self) -> float:
+        """How long inbound rows are kept, the inbox's dedup window: the dispatchers'
+        setting, else the console's dedup window, else the default (7 days)."""
+        given = self.dispatch.spec.settings.dispatcher.inbound_retention_seconds
+        return inbound_window(given if given is not None else self.config.dedup_window_seconds)
 
     def db(self, call: Coroutine[Any, Any, T]) -> Awaitable[T]:
         """Run one database call so that cancelling the caller does not abandon it.

@@ -25,7 +25,8 @@ from engine.service import (
     require_database_file,
 )
 from engine.settings import OutboxSettings
-from engine.storage.database import DEFAULT_DATABASE_URL, mask_secrets
+from engine.storage.database import DEFAULT_DATABASE_URL
+from engine.storage.secrets import mask_secrets
 from outbox_tui import PROG
 from outbox_tui.app import ConsoleConfig, OutboxConsole, make_app
 from outbox_tui.cli.errors import EXIT_USAGE, exit_status

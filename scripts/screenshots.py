@@ -56,6 +56,9 @@ NAMES = {
     "error-groups": "error-groups.svg",
     "confirm-pause": "confirm-pause.svg",
     "confirm-replay-dedup": "confirm-replay-dedup.svg",
+    "catalog": "catalog.svg",
+    "inbox": "inbox.svg",
+    "inbound-dead-letter": "inbound-dead-letter.svg",
 }
 # At 80x24 too: the terminal operators have.
 SMALL = (80, 24)
@@ -66,6 +69,7 @@ SMALL_SCENES = (
     "confirm-replay",
     "blocked-keys",
     "error-groups",
+    "inbox",
 )
 
 

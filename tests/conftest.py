@@ -76,11 +76,30 @@ async def pg_url() -> AsyncIterator[str]:
         await admin.close()
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgresql)])
+@pytest.fixture
+def psycopg_url(pg_url: str) -> str:
+    """The fresh PostgreSQL database of ``pg_url``, reached through psycopg 3."""
+    return (
+        make_url(pg_url).set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+    )
+
+
+@pytest.fixture(
+    params=[
+        "sqlite",
+        pytest.param("postgresql", marks=pytest.mark.postgresql),
+        pytest.param("psycopg", marks=pytest.mark.postgresql),
+    ]
+)
 def database_url(request: pytest.FixtureRequest) -> str:
-    """The same test body against SQLite and against the real PostgreSQL."""
-    fixture = "sqlite_url" if request.param == "sqlite" else "pg_url"
-    url: str = request.getfixturevalue(fixture)
+    """The same test body against SQLite and against the real PostgreSQL (asyncpg).
+
+    Tests marked ``all_drivers`` (a module: ``pytestmark = pytest.mark.all_drivers``)
+    also run on PostgreSQL through psycopg 3; the others' psycopg variants are
+    deselected at collection.
+    """
+    fixture = {"sqlite": "sqlite_url", "postgresql": "pg_url", "psycopg": "psycopg_url"}
+    url: str = request.getfixturevalue(fixture[request.param])
     return url
 
 
@@ -129,9 +148,19 @@ SERVICE_CONTROL_FIXTURES = {"broker"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    kept, psycopg_only = [], []
     for item in items:
         if SERVICE_CONTROL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.serial)
+        callspec = getattr(item, "callspec", None)
+        on_psycopg = callspec is not None and callspec.params.get("database_url") == "psycopg"
+        if on_psycopg and item.get_closest_marker("all_drivers") is None:
+            psycopg_only.append(item)
+        else:
+            kept.append(item)
+    if psycopg_only:
+        config.hook.pytest_deselected(items=psycopg_only)
+        items[:] = kept
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -28,7 +28,8 @@ from sqlalchemy.sql.selectable import TextualSelect
 from engine.dispatch import claim_sql
 from engine.dispatch.claim_sql import ClaimShape
 from engine.dispatch.claimed import ClaimedRow
-from engine.storage.database import as_dbapi_error
+from engine.storage import psycopg_paths
+from engine.storage.drivers import as_dbapi_error, is_asyncpg, is_psycopg
 
 # A claimer's keyset floor goes back to 0 at least this often, so rows below it that
 # became due again wait at most this long.
@@ -185,8 +186,10 @@ class Claimer:
             "seq_floor": cursor.seq_floor,
         }
         records: Iterable[Any]
-        if dialect == "postgresql":
+        if is_asyncpg(conn.dialect):
             records = await _fetch_on_driver(conn, stmt, values)
+        elif is_psycopg(conn.dialect):
+            records = await psycopg_paths.fetch_rows(conn, stmt, values)
         else:
             records = (await conn.execute(stmt, values)).mappings()
         # The row's own mapping (no copy per row): read-only, as ClaimedRow needs.

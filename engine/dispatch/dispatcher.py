@@ -49,12 +49,11 @@ from engine.errors import ConfigurationError
 from engine.handlers.idempotency import IdempotencyStore
 from engine.storage.database import (
     DISPATCHER_BUSY_TIMEOUT_SECONDS,
-    mask_secrets,
-    mask_url,
     read_only_engine,
     same_database,
     waiting_at_most,
 )
+from engine.storage.secrets import mask_secrets, mask_url
 from engine.writing.registry import EventRegistry
 
 log = logging.getLogger("engine.dispatcher")

@@ -41,7 +41,7 @@ from pamqp.common import FieldTable
 
 from engine.errors import BrokerUnavailableError, ConfigurationError
 from engine.inbox.decoding import ReceivedMessage
-from engine.storage.database import mask_secrets, mask_url
+from engine.storage.secrets import mask_secrets, mask_url
 
 log = logging.getLogger("engine.inbox")
 

@@ -18,6 +18,8 @@ with the load and a lone message is written at once.
   consumer reconnects after ``probe_seconds``, doubling to ``max_probe_seconds``, and its
   heartbeat says what it waits for. A batch whose write had begun is committed first;
   its ack fails, and its messages come back as duplicates.
+- **Start**: the installed apps' ``on_ready`` hooks are awaited first, as a dispatcher's
+  run loop awaits them.
 - **Stop** (``shutdown`` set, SIGTERM for ``outbox-tui consume``): a batch whose write
   began is committed and acked; one that waits for the database is left unacked, and so
   is every delivery not in a batch yet; the broker requeues them. Never half a batch.
@@ -34,7 +36,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from engine.clock import Clock, utc_now
 from engine.dispatch import default_dispatcher_id
-from engine.errors import BrokerUnavailableError, ConfigurationError, StorageError
+from engine.errors import (
+    BrokerUnavailableError,
+    ConfigurationError,
+    InstalledAppError,
+    StorageError,
+)
 from engine.inbox.broker import Delivery, Subscription
 from engine.inbox.decoding import decode_message
 from engine.inbox.heartbeat import (
@@ -51,10 +58,10 @@ from engine.running.wakeup import CommitNotifier
 from engine.settings import ConsumerSettings, DispatcherSettings
 from engine.storage.database import (
     DISPATCHER_BUSY_TIMEOUT_SECONDS,
-    mask_secrets,
     translate_storage_error,
     waiting_at_most,
 )
+from engine.storage.secrets import mask_secrets
 from engine.writing.registry import EventRegistry
 
 log = logging.getLogger("engine.inbox")
@@ -188,6 +195,7 @@ class InboxConsumer:
         self._on_waiting = on_waiting
         await self._beat(force=True)
         try:
+            await self._ready_hooks()
             while not shutdown.is_set():
                 if not await self._connected(shutdown):
                     break
@@ -205,6 +213,18 @@ class InboxConsumer:
                 await self._notifier.aclose()
             await self._stop_heartbeat()
         return ConsumerSummary(replace(state.totals), shutdown.is_set(), state.last_error)
+
+    async def _ready_hooks(self) -> None:
+        """The installed apps' start-up hooks (``EventRegistry.on_ready``), as a run loop
+        awaits them: once the database is open, before the first message is taken."""
+        for hook in self.rows.registry.ready_hooks():
+            try:
+                await hook()
+            except Exception as exc:
+                name = getattr(hook, "__qualname__", repr(hook))
+                raise InstalledAppError(
+                    f"the ready hook {name} failed: {type(exc).__name__}: {exc}"
+                ) from exc
 
     # -- the broker ------------------------------------------------------------------------
 

@@ -7,9 +7,9 @@ before the write, so two consumers inserting one event at once leave one row (th
 waits for the first's transaction and skips it once that commits). A second copy within
 one batch is left out before the statement, keeping the first.
 
-- PostgreSQL: ``INSERT ... SELECT`` over ``unnest`` of one array per column, in the
-  batch's order (``WITH ORDINALITY``), so ``seq`` follows the order the broker delivered
-  the messages in: one round trip whatever the batch's size.
+- PostgreSQL (asyncpg or psycopg): ``INSERT ... SELECT`` over ``unnest`` of one array per
+  column, in the batch's order (``WITH ORDINALITY``), so ``seq`` follows the order the
+  broker delivered the messages in: one round trip whatever the batch's size.
 - SQLite: one ``INSERT ... VALUES`` with a row of parameters per message, inside
   ``BEGIN IMMEDIATE`` (the engine's writers).
 
@@ -27,9 +27,14 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
+from sqlalchemy import DateTime, Integer, LargeBinary, Text, bindparam, text
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.sql.elements import TextClause
+from sqlalchemy.types import TypeEngine
 
 from engine.clock import as_utc
 from engine.inbox.rows import COLUMNS, InboundRow
@@ -42,6 +47,11 @@ _PG_ARRAY = {
     "created_at": "timestamptz[]",
 }
 _PG_CAST = {"payload": "::jsonb", "inbound_attributes": "::jsonb"}
+_PG_ELEMENT: dict[str, TypeEngine[Any]] = {
+    "event_version": Integer(),
+    "inbound_body": LargeBinary(),
+    "created_at": DateTime(timezone=True),
+}
 _CONFLICT = f"ON CONFLICT (inbound_source, inbound_id) WHERE {INBOUND_PREDICATE} DO NOTHING"
 _SQLITE_TIME = "%Y-%m-%d %H:%M:%S.%f"  # engine.storage.schema.UtcDateTime's text form
 _CREATED = COLUMNS.index("created_at")
@@ -92,8 +102,9 @@ class InboxWriter:
     async def _insert(self, rows: list[InboundRow]) -> set[str]:
         async with self.engine.begin() as conn:
             if self.dialect == "postgresql":
-                columns = list(zip(*(row.values for row in rows), strict=True))
-                result = await conn.exec_driver_sql(_postgresql_insert(), tuple(columns))
+                columns = zip(*(row.values for row in rows), strict=True)
+                arrays = {f"c{n}": list(values) for n, values in enumerate(columns)}
+                result = await conn.execute(_postgresql_insert(), arrays)
             else:
                 params = tuple(value for row in rows for value in _sqlite_values(row))
                 result = await conn.exec_driver_sql(_sqlite_insert(len(rows)), params)
@@ -126,16 +137,24 @@ def _sqlite_values(row: InboundRow) -> tuple[object, ...]:
 
 
 @functools.cache
-def _postgresql_insert() -> str:
+def _postgresql_insert() -> TextClause:
+    """One array parameter per column (``:c0`` ...), typed, so every driver (asyncpg,
+    psycopg) sends each as an array of its column's type."""
     names = ", ".join(COLUMNS)
     arrays = ", ".join(
-        f"${n}::{_PG_ARRAY.get(column, 'text[]')}" for n, column in enumerate(COLUMNS, 1)
+        f"CAST(:c{n} AS {_PG_ARRAY.get(column, 'text[]')})" for n, column in enumerate(COLUMNS)
     )
     picked = ", ".join(f"u.{column}{_PG_CAST.get(column, '')}" for column in COLUMNS)
-    return (
+    sql = (
         f"INSERT INTO {outbox_events.name} ({names}) "
         f"SELECT {picked} FROM unnest({arrays}) WITH ORDINALITY AS u({names}, n) "
         f"ORDER BY u.n {_CONFLICT} RETURNING id"
+    )
+    return text(sql).bindparams(
+        *(
+            bindparam(f"c{n}", type_=ARRAY(_PG_ELEMENT.get(column, Text())))
+            for n, column in enumerate(COLUMNS)
+        )
     )
 
 

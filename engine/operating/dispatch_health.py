@@ -73,6 +73,17 @@ class HeartbeatView:
         return str(value) if value else None
 
     @property
+    def is_consumer(self) -> bool:
+        """An inbox consumer (engine.inbox), not a dispatcher."""
+        return self.kind == "consumer"
+
+    @property
+    def queue(self) -> str | None:
+        """The queue an inbox consumer takes messages from (None for a dispatcher)."""
+        value = self.details.get("queue")
+        return str(value) if value else None
+
+    @property
     def serves(self) -> list[str] | None:
         """The event types this dispatcher claims (None: a version that did not say)."""
         value = self.details.get("serves")

@@ -38,11 +38,15 @@ class EventFilter:
     aggregate_id: str | None = None
     # Only the key's events that are not delivered yet (the ones that wait in order).
     ordering_key: str | None = None
+    # "inbound": events the inbox received (engine.inbox); "local": the others.
+    origin: str | None = None
 
     def describe(self) -> str:
         parts = []
         if self.statuses:
             parts.append("status=" + ",".join(self.statuses))
+        if self.origin:
+            parts.append(f"origin={self.origin}")
         if self.ordering_key:
             parts.append(f"key={self.ordering_key} (undelivered)")
         for name in ("event_type", "tenant_id", "aggregate_id"):
@@ -193,7 +197,20 @@ def filtered(stmt: Select[Any], flt: EventFilter) -> Select[Any]:
         stmt = stmt.where(aggregate_clause(flt.aggregate_id))
     if flt.ordering_key:
         stmt = stmt.where(t.c.ordering_key == flt.ordering_key, KEY_UNFINISHED)
+    if flt.origin:
+        stmt = stmt.where(origin_clause(flt.origin))
     return stmt
+
+
+ORIGINS = ("inbound", "local")
+
+
+def origin_clause(origin: str) -> ColumnElement[bool]:
+    """Events the inbox received (every inbound row names its queue, dead letters too), or
+    the others. No index: the event list reads pages newest first and stops at a page."""
+    if origin not in ORIGINS:
+        raise ConfigurationError(f"unknown origin {origin!r}: use {' or '.join(ORIGINS)}")
+    return t.c.inbound_queue.is_not(None) if origin == "inbound" else t.c.inbound_queue.is_(None)
 
 
 # Events of one chain an event detail lists at most.

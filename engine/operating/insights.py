@@ -32,6 +32,7 @@ from sqlalchemy.sql.selectable import TextualSelect
 
 from engine.clock import Clock, utc_now
 from engine.errors import EventNotFoundError
+from engine.operating import overview
 from engine.operating.dispatch_health import (
     ALIVE,
     STALE,
@@ -230,6 +231,7 @@ class OutboxInsights:
             published_counted_at=totals.taken_at,
             published_since=published_since,
             mark=mark,
+            inbound_rows=None if carried else await overview.inbound_rows(conn),
         )
 
     async def top_types(self, *, limit: int = 10) -> list[TypeCounts]:

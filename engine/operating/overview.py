@@ -7,16 +7,28 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Select, column, select, text
+from sqlalchemy import Select, column, func, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.selectable import TextualSelect
 
 from engine.operating.dispatch_health import ALIVE, HeartbeatView, UnservedType
 from engine.operating.published_counts import PublishedMark
 from engine.running.lag import LagSummary, merged_lag
-from engine.storage.schema import PENDING, REPLAYED_PENDING_PREDICATE, UtcDateTime, outbox_events
+from engine.storage.schema import (
+    INBOUND_PREDICATE,
+    PENDING,
+    REPLAYED_PENDING_PREDICATE,
+    UtcDateTime,
+    outbox_events,
+)
 
-__all__ = ["OverviewSnapshot", "oldest_due", "oldest_due_statements"]
+__all__ = [
+    "OverviewSnapshot",
+    "inbound_rows",
+    "inbound_rows_statement",
+    "oldest_due",
+    "oldest_due_statements",
+]
 
 t = outbox_events
 
@@ -50,6 +62,9 @@ class OverviewSnapshot:
     # without one), and the mark to give the next live overview.
     published_since: int | None = None
     mark: PublishedMark | None = None
+    # The inbound events the inbox (engine.inbox) remembers, refusing copies: counted by
+    # overview() only (they grow with the dedup window); None from a live overview.
+    inbound_rows: int | None = None
 
     @property
     def oldest_pending_age_seconds(self) -> float | None:
@@ -68,6 +83,17 @@ class OverviewSnapshot:
         if self.oldest_blocked_head_at is None:
             return None
         return max(0.0, (self.taken_at - self.oldest_blocked_head_at).total_seconds())
+
+
+def inbound_rows_statement() -> Select[Any]:
+    """Inbound events the inbox remembers (refusing copies), counted inside
+    uq_outbox_events_inbound: its predicate, repeated."""
+    return select(func.count()).select_from(t).where(text(INBOUND_PREDICATE))
+
+
+async def inbound_rows(conn: AsyncConnection) -> int:
+    """How many inbound events the inbox remembers now (``inbound_rows_statement``)."""
+    return int((await conn.execute(inbound_rows_statement())).scalar_one())
 
 
 def oldest_due_statements(dialect: str) -> tuple[Select[Any], TextualSelect]:

@@ -27,6 +27,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import Select, delete, or_, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from engine.operating.replay import DEFAULT_DEDUP_WINDOW
 from engine.storage.schema import (
     INBOUND_PUBLISHED_PREDICATE,
     PUBLISHED,
@@ -125,6 +126,12 @@ async def purge_heartbeats(engine: AsyncEngine, *, older_than: datetime) -> int:
             delete(process_heartbeats).where(process_heartbeats.c.last_seen_at < older_than)
         )
         return int(result.rowcount)
+
+
+def inbound_window(seconds: float | None) -> float:
+    """How long inbound rows are kept: ``inbound_retention_seconds`` when set, else the
+    default dedup window (``OutboxSettings`` fills the setting from its own window)."""
+    return seconds if seconds is not None else DEFAULT_DEDUP_WINDOW.total_seconds()
 
 
 def retention_cutoff(now: datetime, retention_seconds: float) -> datetime:

@@ -24,7 +24,7 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 from aio_pika.connection import Connection, make_url
 
 from engine.errors import BrokerUnavailableError, ConfigurationError
-from engine.storage.database import mask_secrets, mask_url
+from engine.storage.secrets import mask_secrets, mask_url
 
 T = TypeVar("T")
 

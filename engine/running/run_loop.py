@@ -39,8 +39,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from engine.clock import Clock
 from engine.dispatch import DispatchResult, OutboxDispatcher
 from engine.errors import InstalledAppError, StorageError
-from engine.operating.replay import DEFAULT_DEDUP_WINDOW
 from engine.operating.retention import (
+    inbound_window,
     purge_heartbeats,
     purge_inbound,
     purge_published,
@@ -51,7 +51,8 @@ from engine.running.metrics import OutboxMetrics
 from engine.running.summary import RunSummary
 from engine.running.wakeup import WakeupListener
 from engine.settings import DispatcherSettings
-from engine.storage.database import mask_secrets, translate_storage_error
+from engine.storage.database import translate_storage_error
+from engine.storage.secrets import mask_secrets
 
 log = logging.getLogger("engine.runner")
 
@@ -244,7 +245,7 @@ class _RunLoop:
         """The published rows past the retention, then the inbound ones past the inbox's
         dedup window when the local purge does not reach them (engine.operating.retention)."""
         batch = self.settings.retention_batch_size
-        inbound = self.settings.inbound_retention_seconds or DEFAULT_DEDUP_WINDOW.total_seconds()
+        inbound = inbound_window(self.settings.inbound_retention_seconds)
         purged = 0
         full = False
         if retention is not None:

@@ -1,5 +1,8 @@
 """PostgreSQL wake-up: producers notify after commit, idle dispatchers LISTEN.
 
+The listener uses asyncpg's listener callbacks, or on psycopg a task waiting in the
+connection's ``notifies()`` (engine.storage.psycopg_paths.NotificationPump).
+
 A dispatcher with nothing to do sleeps ``idle_sleep_seconds``; on PostgreSQL it
 also LISTENs on a channel (``outbox_events`` by default) and starts its next
 round as soon as a notification arrives, whichever comes first.
@@ -39,7 +42,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.orm import Session
 
 from engine.settings import DispatcherSettings
-from engine.storage.database import mask_secrets
+from engine.storage.drivers import is_psycopg
+from engine.storage.psycopg_paths import NotificationPump
+from engine.storage.secrets import mask_secrets
 from engine.writing.publisher import SESSION_EVENTS_WRITTEN
 
 DEFAULT_CHANNEL = "outbox_events"
@@ -81,9 +86,18 @@ class WakeupListener:
             self._failed("cannot connect", exc)
             return False
         try:
-            raw = await conn.get_raw_connection()
-            driver: Any = raw.driver_connection
-            await driver.add_listener(self.channel, self._on_notification)
+            driver: Any
+            if is_psycopg(conn.dialect):
+                await conn.execution_options(isolation_level="AUTOCOMMIT")
+                raw = await conn.get_raw_connection()
+                driver = NotificationPump(
+                    raw.driver_connection, self.channel, self._on_notification
+                )
+                await driver.start()
+            else:
+                raw = await conn.get_raw_connection()
+                driver = raw.driver_connection
+                await driver.add_listener(self.channel, self._on_notification)
         except Exception as exc:
             self._failed("LISTEN failed", exc)
             await _discard(conn)

@@ -18,7 +18,7 @@ from engine.inbox.broker import check_amqp_url
 from engine.inbox.consumer import ConsumerOptions, InboxConsumer
 from engine.service.database import open_database
 from engine.settings import OutboxSettings
-from engine.storage.database import mask_url
+from engine.storage.secrets import mask_url
 from engine.writing.registry import EventRegistry
 
 

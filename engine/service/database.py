@@ -34,10 +34,11 @@ from engine.storage.database import (
     SQLITE_BUSY_TIMEOUT_SECONDS,
     check_schema,
     create_engine,
-    mask_url,
     parse_database_url,
     storage_errors,
 )
+from engine.storage.drivers import connect_timeout_args
+from engine.storage.secrets import mask_url
 
 Purpose = Literal["command", "console", "dispatcher"]
 # One connect timeout for every purpose: an unreachable server is reported in seconds.
@@ -86,7 +87,7 @@ def open_engine(database_url: str | URL, purpose: Purpose) -> AsyncEngine:
         engine = create_engine(url, pool_size=2, max_overflow=2, async_creator=connect)
         _drop_when_the_file_changes(engine, path)
         return engine
-    kwargs: dict[str, Any] = {"connect_args": {"timeout": PG_CONNECT_TIMEOUT_SECONDS}}
+    kwargs: dict[str, Any] = {"connect_args": connect_timeout_args(url, PG_CONNECT_TIMEOUT_SECONDS)}
     if purpose == "console":
         kwargs.update(pool_size=2, max_overflow=2)
     return create_engine(url, **kwargs)

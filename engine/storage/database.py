@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event, text
-from sqlalchemy.engine import URL, Dialect, make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import (
     ArgumentError,
     DBAPIError,
@@ -42,6 +42,7 @@ from engine.errors import (
 )
 from engine.storage.aiosqlite_connect import OneTripConnection, connect_aiosqlite
 from engine.storage.schema import metadata, outbox_events
+from engine.storage.secrets import mask_secrets, mask_url, raw_at_in_password
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./outbox.db"
 # The program the engine's hints name (``outbox_tui.PROG`` is the same name; a test keeps
@@ -57,15 +58,24 @@ _BUSY_TIMEOUT_OPTION = "outbox_busy_timeout"
 # process holds the lock for minutes (SQLite's own wait cannot be interrupted).
 DISPATCHER_BUSY_TIMEOUT_SECONDS = 5.0
 _PROMPT_POLL_SECONDS = 0.001
-_ASYNC_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+asyncpg"}
-_SUPPORTED = ("sqlite+aiosqlite", "postgresql+asyncpg")
+_ASYNC_DRIVERS = {
+    "sqlite": "sqlite+aiosqlite",
+    "postgresql": "postgresql+asyncpg",
+    "postgres": "postgresql+asyncpg",
+    # SQLAlchemy's two names for psycopg 3's async side: one spelling everywhere.
+    "postgresql+psycopg_async": "postgresql+psycopg",
+}
+_SUPPORTED = ("sqlite+aiosqlite", "postgresql+asyncpg", "postgresql+psycopg")
+# What to install for a driver the engine supports but the environment lacks.
+_DRIVER_EXTRAS = {"postgresql+psycopg": "psycopg[binary] (pip install 'outbox-tui[psycopg]')"}
 
 
 def parse_database_url(url: str | URL) -> URL:
     """Parse and normalise a URL to one of the supported async drivers.
 
     ``postgresql://`` and ``sqlite:///`` are accepted and mapped to asyncpg and
-    aiosqlite; anything else is a ``DatabaseUrlError`` naming the problem.
+    aiosqlite; ``postgresql+psycopg://`` is psycopg 3 (async); anything else is a
+    ``DatabaseUrlError`` naming the problem.
     """
     if isinstance(url, str) and raw_at_in_password(url):
         raise DatabaseUrlError(
@@ -81,12 +91,11 @@ def parse_database_url(url: str | URL) -> URL:
     name = parsed.drivername
     if name in _ASYNC_DRIVERS:
         parsed = parsed.set(drivername=_ASYNC_DRIVERS[name])
-    elif name == "postgres":
-        parsed = parsed.set(drivername="postgresql+asyncpg")
     if parsed.drivername not in _SUPPORTED:
         raise DatabaseUrlError(
             f"unsupported database URL scheme {name!r} in {mask_url(parsed)!r}: "
-            "use sqlite+aiosqlite:///path.db or postgresql+asyncpg://user:pass@host/db"
+            "use sqlite+aiosqlite:///path.db, postgresql+asyncpg://user:pass@host/db "
+            "or postgresql+psycopg://user:pass@host/db"
         )
     if parsed.drivername == "postgresql+asyncpg" and "sslmode" in parsed.query:
         # libpq spells it sslmode; asyncpg takes the same values as ssl.
@@ -126,76 +135,6 @@ def same_database(a: URL, b: URL) -> bool:
     )
 
 
-def mask_url(url: str | URL) -> str:
-    """The URL with its password (in the credentials or the query) replaced by ``***``.
-
-    A string is masked as written, not parsed: a password with a raw ``@`` (which a
-    parser splits at the first ``@``) is masked up to the last one.
-    """
-    text = (
-        url.render_as_string(hide_password=True)
-        if isinstance(url, URL)
-        else _URL_CREDENTIALS.sub(r"\1***@", url)
-    )
-    return _QUERY_PASSWORD.sub(r"\1***", text)
-
-
-def raw_at_in_password(url: str) -> bool:
-    """Whether the URL's credentials hold more than one ``@``: a password typed with a raw
-    ``@`` (to be written %40), which parsers split differently (part of it would become
-    the host, and show up in errors)."""
-    credentials = _RAW_PASSWORD.search(url)
-    return credentials is not None and "@" in credentials.group(1)
-
-
-# user:password@ of a URL in any text; the password runs to the last @ of its token (no
-# space, quote or angle bracket), so one holding a raw @ is masked whole.
-_URL_CREDENTIALS = re.compile(r"(://[^:/@\s\"'<>]*:)[^\s\"'<>]*@")
-_RAW_PASSWORD = re.compile(r"://[^:/@\s\"'<>]*:([^\s\"'<>]+)@")
-_QUERY_PASSWORD = re.compile(r"([?&](?:password|passwd|pwd|pass)=)[^&\s'\"]*", re.IGNORECASE)
-# A bare password is masked only where no word, dash or dot touches it.
-_EDGE = r"[\w.-]"
-
-
-def mask_secrets(message: str, *urls: str | URL) -> str:
-    """Remove passwords from text: credentials inside any URL, and the passwords of ``urls``.
-
-    A bare password (a driver echoing it) is masked only where it stands as a
-    whole token, in its decoded and its percent-encoded spelling, so a short or
-    common password ("postgres") cannot mangle words like "postgresql".
-    """
-    message = _QUERY_PASSWORD.sub(r"\1***", _URL_CREDENTIALS.sub(r"\1***@", message))
-    for secret in sorted(_password_spellings(urls), key=len, reverse=True):
-        message = re.sub(rf"(?<!{_EDGE}){re.escape(secret)}(?!{_EDGE})", "***", message)
-    return message
-
-
-def _password_spellings(urls: tuple[str | URL, ...]) -> set[str]:
-    spellings: set[str] = set()
-    for url in urls:
-        if isinstance(url, URL):
-            if url.password:
-                spellings.add(str(url.password))
-            continue
-        password = _password_of(url)
-        if password:
-            spellings.add(password)
-        typed = _RAW_PASSWORD.search(url)
-        if typed:
-            spellings.add(typed.group(1))
-        for match in re.finditer(r"[?&](?:password|passwd|pwd|pass)=([^&\s]+)", url, re.I):
-            spellings.add(match.group(1))
-    return spellings
-
-
-def _password_of(url: str) -> str | None:
-    try:
-        password = make_url(url).password
-    except Exception:
-        return None
-    return None if password is None else str(password)
-
-
 def create_engine(url: str | URL, **kwargs: Any) -> AsyncEngine:
     """Create an ``AsyncEngine`` tuned for the outbox on SQLite or PostgreSQL."""
     parsed = parse_database_url(url)
@@ -212,7 +151,13 @@ def create_engine(url: str | URL, **kwargs: Any) -> AsyncEngine:
     # No pool_pre_ping: a ping per checkout is one more round trip on every business
     # transaction. A connection that died with its server fails once, is invalidated by
     # SQLAlchemy, and the run loop and console retry.
-    return create_async_engine(parsed, **kwargs)
+    try:
+        return create_async_engine(parsed, **kwargs)
+    except ImportError as exc:  # the driver of a supported scheme is not installed
+        need = _DRIVER_EXTRAS.get(parsed.drivername, exc.name or "its driver")
+        raise DatabaseUrlError(
+            f"{parsed.drivername} needs {need}, which is not installed ({exc})"
+        ) from None
 
 
 def read_only_engine(engine: AsyncEngine) -> AsyncEngine:
@@ -364,7 +309,7 @@ async def storage_errors(url: str | URL | None = None) -> AsyncIterator[None]:
             f"the database URL has a query parameter its driver does not take: {unknown.group(1)!r}"
         ) from None
     except Exception as exc:  # asyncpg raises its own tree outside SQLAlchemy at connect
-        if type(exc).__module__.startswith(("asyncpg", "sqlite3", "aiosqlite")):
+        if type(exc).__module__.startswith(("asyncpg", "psycopg", "sqlite3", "aiosqlite")):
             raise translate_storage_error(exc, url) from exc
         raise
 
@@ -405,21 +350,3 @@ async def check_schema(engine: AsyncEngine) -> None:
             f"the outbox tables are from an earlier version (missing {', '.join(missing)}); "
             f"upgrade them in place with `{INIT_DB}`"
         )
-
-
-def as_dbapi_error(dialect: Dialect, sql: str, exc: Exception) -> Exception:
-    """``exc`` from asyncpg, called directly, as SQLAlchemy would raise it.
-
-    For the statements the hot paths send straight to the driver (the outbox INSERT,
-    the claim): IntegrityError, ProgrammingError, OperationalError ... as from
-    ``execute``, so callers (and the run loop's storage-error handling) see one kind.
-    Anything the driver's error map does not know (an OSError) is returned as is.
-    """
-    dbapi = dialect.loaded_dbapi
-    translate = getattr(dbapi, "_asyncpg_error_translate", {})
-    for kind in type(exc).__mro__:
-        if kind in translate:
-            orig = translate[kind](exc.args[0] if exc.args else str(exc), exc)
-            error: Exception = DBAPIError.instance(sql, None, orig, dbapi.Error, dialect=dialect)
-            return error
-    return exc

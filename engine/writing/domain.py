@@ -16,10 +16,12 @@ from collections.abc import Mapping
 from datetime import date, datetime
 from typing import Any, ClassVar
 
+from pydantic import BaseModel
 from sqlalchemy import event
 from sqlalchemy.orm import Session, object_session
 
 from engine.errors import DomainEventError
+from engine.writing.models import payload_of
 
 DEFAULT_BUFFER_CAPACITY = 256
 _TRACKED = "outbox_aggregates"
@@ -114,7 +116,10 @@ def has_pending_events(obj: object) -> bool:
 
 
 def event_payload(event: Any) -> dict[str, Any]:
-    """A domain event as a JSON object: dataclasses, ``to_payload()`` or mappings."""
+    """A domain event as a JSON object: dataclasses, pydantic models, ``to_payload()`` or
+    mappings."""
+    if isinstance(event, BaseModel):
+        return payload_of(event)
     if hasattr(event, "to_payload"):
         raw = event.to_payload()
     elif dataclasses.is_dataclass(event) and not isinstance(event, type):

@@ -9,8 +9,8 @@ another language) cannot reach a handler malformed.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar, cast
 
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -24,89 +24,19 @@ from engine.errors import (
 from engine.handlers.transactional import TransactionalHandler, check_signature
 from engine.storage.database import parse_database_url
 from engine.writing.envelope import EventEnvelope
+from engine.writing.models import ModelSchema, is_model_class, takes_model, with_model
+from engine.writing.schema_spec import CONTEXT_FIELDS, OPTIONAL_CONTEXT_FIELDS, EventSchemaSpec
 
 Handler = Callable[[EventEnvelope], Awaitable[Any]]
+# A handler that also takes its event's parsed pydantic model (engine.writing.models).
+ModelHandler = Callable[..., Awaitable[Any]]
 AnyHandler = TypeVar("AnyHandler", bound=Callable[..., Awaitable[Any]])
 ReadyHook = Callable[[], Awaitable[None]]
-FieldType = type | tuple[type, ...]
 SubjectSelector = Callable[[Any], str]
 #: "aggregate" orders by ``aggregate_type:aggregate_id``; a callable picks the key from the payload.
 OrderingKeySource = Literal["aggregate"] | Callable[[Mapping[str, Any]], str]
 DeadLetterPolicy = Literal["block", "skip"]
 MAX_ORDERING_KEY_LENGTH = 400
-
-CONTEXT_FIELDS: Mapping[str, FieldType] = {"tenant_id": str, "actor_id": str, "request_id": str}
-OPTIONAL_CONTEXT_FIELDS: Mapping[str, FieldType] = {"trace_id": str}
-
-
-def _type_name(expected: FieldType) -> str:
-    if isinstance(expected, tuple):
-        return " | ".join(t.__name__ for t in expected)
-    return expected.__name__
-
-
-def _matches(value: Any, expected: FieldType) -> bool:
-    types = expected if isinstance(expected, tuple) else (expected,)
-    if isinstance(value, bool) and bool not in types:
-        return False  # bool is an int subclass; a flag is not a count
-    if isinstance(value, int) and float in types and not isinstance(value, bool):
-        return True
-    return isinstance(value, types)
-
-
-def _exact_types(expected: FieldType) -> frozenset[type]:
-    """Value types that ``_matches`` accepts as they are (an int where a float may go)."""
-    types = set(expected) if isinstance(expected, tuple) else {expected}
-    if float in types:
-        types.add(int)
-    return frozenset(types)
-
-
-@dataclass(frozen=True, slots=True)
-class EventSchemaSpec:
-    """Required and optional payload fields with their JSON types."""
-
-    required: Mapping[str, FieldType] = field(default_factory=dict)
-    optional: Mapping[str, FieldType] = field(default_factory=dict)
-    # Per field, the exact value types that certainly match (what json.loads returns):
-    # one set lookup per field on the hot path; anything else gets the full check.
-    _exact: tuple[tuple[str, frozenset[type]], ...] = field(
-        init=False, repr=False, compare=False, default=()
-    )
-
-    def __post_init__(self) -> None:
-        exact = [(name, _exact_types(t)) for name, t in self.required.items()]
-        exact += [(name, _exact_types(t) | {type(None)}) for name, t in self.optional.items()]
-        object.__setattr__(self, "_exact", tuple(exact))
-
-    def conforms(self, payload: Mapping[str, Any]) -> bool:
-        """True when ``payload`` certainly conforms (False: ask ``problems``)."""
-        get = payload.get
-        # A plain loop, not all(...): its generator costs more, on every delivery (decision 0025).
-        for name, types in self._exact:  # noqa: SIM110
-            if type(get(name)) not in types:
-                return False
-        return True
-
-    def problems(self, payload: Mapping[str, Any]) -> list[str]:
-        """Every way ``payload`` breaks this spec (empty when it conforms)."""
-        found: list[str] = []
-        for name, expected in self.required.items():
-            if name not in payload or payload[name] is None:
-                found.append(f"missing required field {name!r}")
-            elif not _matches(payload[name], expected):
-                found.append(
-                    f"field {name!r} must be {_type_name(expected)}, "
-                    f"got {type(payload[name]).__name__}"
-                )
-        for name, expected in self.optional.items():
-            if payload.get(name) is not None and not _matches(payload[name], expected):
-                found.append(
-                    f"field {name!r} must be {_type_name(expected)}, "
-                    f"got {type(payload[name]).__name__}"
-                )
-        return found
-
 
 _CONTEXT_SPEC = EventSchemaSpec(CONTEXT_FIELDS, OPTIONAL_CONTEXT_FIELDS)
 
@@ -162,11 +92,15 @@ class DomainEventMapping:
     subject: SubjectSelector | None = None
 
 
+# What a registered version's payload is checked against: field types, or a pydantic model.
+PayloadSchema = EventSchemaSpec | ModelSchema
+
+
 class EventRegistry:
     """Event types with versions and schemas, their handlers, and domain event mappings."""
 
     def __init__(self) -> None:
-        self._schemas: dict[tuple[str, int], EventSchemaSpec | None] = {}
+        self._schemas: dict[tuple[str, int], PayloadSchema | None] = {}
         self._handlers: dict[str, tuple[RegisteredHandler, ...]] = {}
         self._domain_events: dict[type, DomainEventMapping] = {}
         self._ordering: dict[str, Ordering] = {}
@@ -175,9 +109,16 @@ class EventRegistry:
 
     # -- event types -----------------------------------------------------
     def register_event(
-        self, event_type: str, version: int = 1, schema: EventSchemaSpec | None = None
+        self,
+        event_type: str,
+        version: int = 1,
+        schema: EventSchemaSpec | type[Any] | None = None,
     ) -> None:
-        """Declare that ``event_type`` at ``version`` may be published."""
+        """Declare that ``event_type`` at ``version`` may be published.
+
+        ``schema``: an ``EventSchemaSpec``, or a pydantic model class (engine.writing.models),
+        checked at publish and again before the handlers.
+        """
         if not event_type or not isinstance(event_type, str):
             raise EventRegistrationError("event_type must be a non-empty string")
         if not isinstance(version, int) or isinstance(version, bool) or version < 1:
@@ -185,7 +126,17 @@ class EventRegistry:
         key = (event_type, version)
         if key in self._schemas:
             raise EventRegistrationError(f"event {event_type!r} v{version} is registered twice")
-        self._schemas[key] = schema
+        checked: PayloadSchema | None
+        if schema is None or isinstance(schema, EventSchemaSpec):
+            checked = schema
+        elif is_model_class(schema):
+            checked = ModelSchema(schema)
+        else:
+            raise EventRegistrationError(
+                f"the schema of {event_type!r} v{version} must be an EventSchemaSpec or a "
+                f"pydantic model class, got {schema!r}"
+            )
+        self._schemas[key] = checked
 
     def is_registered(self, event_type: str, version: int) -> bool:
         return (event_type, version) in self._schemas
@@ -193,6 +144,19 @@ class EventRegistry:
     def event_types(self) -> list[tuple[str, int]]:
         """Registered (event_type, version) pairs, sorted."""
         return sorted(self._schemas)
+
+    def versions_of(self, event_type: str) -> list[int]:
+        """The registered versions of ``event_type``, ascending."""
+        return sorted(v for (t, v) in self._schemas if t == event_type)
+
+    def schema_for(self, event_type: str, version: int) -> PayloadSchema | None:
+        """The schema a registered version is checked against (None: context fields only)."""
+        return self._schemas.get((event_type, version))
+
+    def model_for(self, event_type: str, version: int) -> ModelSchema | None:
+        """The pydantic model schema of a registered version, if it was given one."""
+        schema = self._schemas.get((event_type, version))
+        return schema if isinstance(schema, ModelSchema) else None
 
     def conforms(self, event_type: str, event_version: int, payload: Any, tenant_id: str) -> bool:
         """True when the event certainly passes ``validate_event`` (False: ask it why not).
@@ -303,7 +267,7 @@ class EventRegistry:
     def register_handler(
         self,
         event_type: str,
-        handler: Handler | TransactionalHandler,
+        handler: Handler | TransactionalHandler | ModelHandler,
         *,
         key: str,
         transactional: bool = False,
@@ -327,8 +291,13 @@ class EventRegistry:
             raise EventRegistrationError(
                 f"handler key {key!r} is registered twice for {event_type}"
             )
+        if takes_model(handler, transactional):
+            # handler(envelope, model[, session]): it gets its event's parsed model
+            handler = with_model(self, event_type, key, cast(ModelHandler, handler))
         check_signature(event_type, key, handler, transactional)
-        registered = RegisteredHandler(event_type, key, handler, transactional)
+        registered = RegisteredHandler(
+            event_type, key, cast(Handler | TransactionalHandler, handler), transactional
+        )
         self._handlers[event_type] = (*existing, registered)
 
     def handler(

@@ -11,6 +11,7 @@ from typing import Any
 
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+from sqlalchemy.orm import Session
 
 from engine.context import TaskContext, _task_context
 from engine.errors import DomainEventError, OutboxTransactionError
@@ -115,7 +116,20 @@ async def write_domain_events(
 ) -> list[AggregateRoot]:
     """Write the events that aggregates in ``session`` recorded as outbox rows; returns
     those aggregates, whose buffers the caller clears once the transaction committed."""
-    sync = session.sync_session
+    aggregates, drafts = await session.run_sync(domain_event_drafts, registry, context)
+    if drafts:
+        await OutboxEventPublisher(session, registry).publish_many(drafts)
+    return aggregates
+
+
+def domain_event_drafts(
+    sync: Session, registry: EventRegistry | None, context: TaskContext | None
+) -> tuple[list[AggregateRoot], list[OutboxEvent]]:
+    """The aggregates in ``sync`` with recorded events, and those events as outbox events.
+
+    Flushes first when there are any, so new aggregates have their primary keys. Shared
+    by the async and the sync unit of work (engine.writing.sync_uow).
+    """
     seen: dict[int, Any] = {}
     candidates = (*sync.new, *sync.identity_map.values(), *sync.deleted, *tracked_aggregates(sync))
     for obj in candidates:
@@ -123,7 +137,7 @@ async def write_domain_events(
             seen[id(obj)] = obj
     aggregates: list[AggregateRoot] = list(seen.values())
     if not aggregates:
-        return []
+        return [], []
     if registry is None:
         raise DomainEventError(
             "aggregates recorded domain events but the unit_of_work has no EventRegistry"
@@ -133,7 +147,7 @@ async def write_domain_events(
             "aggregates recorded domain events but the unit_of_work has no TaskContext "
             "(tenant, actor and request are required on every outbox event)"
         )
-    await session.flush()  # primary keys for aggregates that are new in this unit
+    sync.flush()  # primary keys for aggregates that are new in this unit
     drafts: list[OutboxEvent] = []
     for aggregate in aggregates:
         for event in aggregate.domain_events:
@@ -156,8 +170,7 @@ async def write_domain_events(
                     tenant_id=context.tenant_id,
                 )
             )
-    await OutboxEventPublisher(session, registry).publish_many(drafts)
-    return aggregates
+    return aggregates, drafts
 
 
 def _primary_key_text(aggregate: Any) -> str:

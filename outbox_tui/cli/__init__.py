@@ -18,9 +18,10 @@ from collections.abc import Iterator, Sequence
 from types import ModuleType
 
 from engine.service import load_registry
-from engine.storage.database import mask_secrets
+from engine.storage.secrets import mask_secrets
 from outbox_tui import PROG, __version__
 from outbox_tui.cli import (
+    catalog,
     console,
     consume,
     dead_letter,
@@ -50,6 +51,7 @@ COMMAND_GROUPS: tuple[ModuleType, ...] = (
     stats,
     event,
     init_db,
+    catalog,
 )
 # Commands that need every setting valid; the others only read and go on without a bad
 # dispatcher setting (stats says what it could not count).
@@ -78,6 +80,7 @@ def build_parser() -> Parser:
             f"{PROG} dead-letter skip --event-id 0190... --yes --reason 'handled by hand'",
             f"{PROG} dead-letter groups",
             f"{PROG} pause --event-type orders.placed --reason 'CRM down' --yes",
+            f"{PROG} catalog --installed-app outbox_tui.examples.orders --asyncapi",
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

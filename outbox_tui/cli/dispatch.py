@@ -23,7 +23,8 @@ from engine.running.metrics import OutboxMetrics, serve_metrics
 from engine.running.summary import RunSummary
 from engine.service import DispatchSpec, load_registry, open_dispatcher, run
 from engine.settings import DispatcherSettings
-from engine.storage.database import mask_url, storage_errors
+from engine.storage.database import storage_errors
+from engine.storage.secrets import mask_url
 from outbox_tui import PROG, output
 from outbox_tui.cli.errors import EXIT_OK
 from outbox_tui.cli.event_loop import STOP_REQUESTED

@@ -28,7 +28,7 @@ from engine.settings import (
     load_settings_for_reading,
     misspelt_variables,
 )
-from engine.storage.database import mask_url
+from engine.storage.secrets import mask_url
 from engine.writing.registry import EventRegistry
 from outbox_tui.cli.errors import UsageError
 from outbox_tui.cli.redaction import RedactingStream, Redactor

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable
 from typing import TextIO
 
-from engine.storage.database import mask_secrets
+from engine.storage.secrets import mask_secrets
 from engine.tracing import TraceContextFilter
 from outbox_tui.cli.log_format import JsonFormatter, TextFormatter
 from outbox_tui.output import Output

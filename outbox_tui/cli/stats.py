@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.operating.retention import inbound_window
 from engine.service import insights_for, open_database, paused_backlog
 from engine.settings import DispatcherSettings
 from outbox_tui import PROG, output
@@ -15,16 +16,17 @@ def register(sub: Any) -> None:
     p = subparser(
         sub,
         "stats",
-        "counts, ages and dispatcher heartbeats",
+        "counts, ages and dispatcher and consumer heartbeats",
         "Counts per status, the oldest pending event's age, events stuck in publishing "
-        "with an expired lease, published events awaiting the retention purge, and every "
-        "dispatcher's heartbeat, the active pauses (with how many events each holds back) "
+        "with an expired lease, published events awaiting the retention purge, the inbound "
+        "events the inbox remembers and its dedup window, and every dispatcher's and inbox "
+        "consumer's heartbeat, the active pauses (with how many events each holds back) "
         "and the event types with the most undelivered events, by status.",
         f"{PROG} stats",
         f"{PROG} stats --retention-seconds 86400 --json",
         f"{PROG} stats --retention-seconds none  # do not count the purge backlog",
     )
-    add_settings(p, DispatcherSettings, ("retention_seconds",))
+    add_settings(p, DispatcherSettings, ("retention_seconds", "inbound_retention_seconds"))
     add_json(p, "print one JSON object")
     p.set_defaults(run=stats)
 
@@ -40,11 +42,20 @@ async def stats(inv: Invocation) -> int:
         snapshot = await insights.overview()
         pauses = await paused_backlog(engine)
         top = await insights.top_types()
+    window = inbound_window(dispatcher.inbound_retention_seconds if dispatcher else None)
     if inv.json:
-        inv.out.json(output.stats_record(snapshot, inv.masked_url, pauses=pauses, top_types=top))
+        record = output.stats_record(
+            snapshot, inv.masked_url, pauses=pauses, top_types=top, inbound_retention_seconds=window
+        )
+        inv.out.json(record)
     else:
         tables = output.stats_tables(
-            snapshot, inv.masked_url, pauses=pauses, top_types=top, width=inv.out.console.width
+            snapshot,
+            inv.masked_url,
+            pauses=pauses,
+            top_types=top,
+            width=inv.out.console.width,
+            inbound_retention_seconds=window,
         )
         for table in tables:
             inv.out.console.print(table)

@@ -14,6 +14,7 @@ One module per job, all re-exported here (commands write ``output.stats_record``
 from __future__ import annotations
 
 from outbox_tui.output.records import (
+    CONSUMER_TOTALS,
     COUNTERS,
     HEARTBEAT_TOTALS,
     ReplayReport,
@@ -42,6 +43,7 @@ from outbox_tui.output.values import age, iso, rate, seconds
 from outbox_tui.output.writer import Output, PipeConsole
 
 __all__ = [
+    "CONSUMER_TOTALS",
     "COUNTERS",
     "HEARTBEAT_TOTALS",
     "WORK_TOTALS",

@@ -14,19 +14,6 @@ from outbox_tui.output.tables import counters_table
 from outbox_tui.output.values import age, rate, seconds
 from outbox_tui.output.writer import Output
 
-#: The totals of a consumer run, in the order they are shown (engine.inbox.heartbeat).
-CONSUMER_TOTALS = (
-    "received",
-    "stored",
-    "duplicates",
-    "rejected",
-    "unknown_types",
-    "acked",
-    "batches",
-    "storage_errors",
-    "reconnects",
-)
-
 
 def consume_status_line(totals: Mapping[str, Any], elapsed: float, waiting: str | None) -> Text:
     line = Text("consuming ", style="bold")

@@ -6,6 +6,7 @@ report it came from) as rich text for people (``outbox_tui.output.tables``).
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -25,6 +26,18 @@ from outbox_tui.output.values import iso, seconds
 
 COUNTERS = ("claimed", "published", "failed", "dead_lettered", "lost_leases")
 HEARTBEAT_TOTALS = (*COUNTERS, "purged", "storage_errors")
+#: A consumer's totals (engine.inbox.heartbeat.ConsumerTotals), in the order they are shown.
+CONSUMER_TOTALS = (
+    "received",
+    "stored",
+    "duplicates",
+    "rejected",
+    "unknown_types",
+    "acked",
+    "batches",
+    "storage_errors",
+    "reconnects",
+)
 
 
 def dead_letter_record(event: EventSummary) -> dict[str, Any]:
@@ -45,8 +58,17 @@ def dead_letter_record(event: EventSummary) -> dict[str, Any]:
 
 
 def _plain(row: Mapping[str, Any]) -> dict[str, Any]:
-    """A row's columns, with timestamps as ISO 8601 text."""
-    return {k: iso(v) if isinstance(v, datetime) else v for k, v in row.items()}
+    """A row's columns, with timestamps as ISO 8601 text and bytes (an undecodable inbound
+    message's ``inbound_body``) as base64."""
+    return {k: _plain_value(v) for k, v in row.items()}
+
+
+def _plain_value(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return iso(value)
+    if isinstance(value, bytes | bytearray | memoryview):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    return value
 
 
 def event_detail_record(detail: EventDetail) -> dict[str, Any]:
@@ -69,6 +91,9 @@ def event_detail_record(detail: EventDetail) -> dict[str, Any]:
 
 
 def heartbeat_record(hb: HeartbeatView) -> dict[str, Any]:
+    """A dispatcher's or an inbox consumer's heartbeat (``kind``); a consumer's ``totals``
+    are its own (``CONSUMER_TOTALS``), and it names its ``queue``."""
+    names = CONSUMER_TOTALS if hb.is_consumer else HEARTBEAT_TOTALS
     return {
         "instance_id": hb.instance_id,
         "kind": hb.kind,
@@ -79,9 +104,10 @@ def heartbeat_record(hb: HeartbeatView) -> dict[str, Any]:
         "last_seen_at": iso(hb.last_seen_at),
         "last_seen_age_seconds": seconds(hb.last_seen_age_seconds),
         "iterations": hb.iterations,
-        "totals": {name: hb.total(name) for name in HEARTBEAT_TOTALS},
+        "totals": {name: hb.total(name) for name in names},
         "waiting_for": hb.waiting_for,
         "serves": hb.serves,
+        "queue": hb.queue,
     }
 
 
@@ -147,8 +173,10 @@ def stats_record(
     *,
     pauses: Sequence[PausedBacklog] = (),
     top_types: Sequence[TypeCounts] = (),
+    inbound_retention_seconds: float | None = None,
 ) -> dict[str, Any]:
-    """``database_url`` must already be masked."""
+    """``database_url`` must already be masked; ``inbound_retention_seconds``: the inbox's
+    dedup window the dispatchers apply."""
     counts = {name: int(n) for name, n in snapshot.counts.items()}
     return {
         "database_url": database_url,
@@ -162,6 +190,9 @@ def stats_record(
         "recent_window_seconds": snapshot.recent_window_seconds,
         "awaiting_purge": snapshot.awaiting_purge,
         "retention_seconds": snapshot.retention_seconds,
+        # The inbox: inbound events remembered (a copy is refused) and for how long.
+        "inbound_rows": snapshot.inbound_rows,
+        "inbound_retention_seconds": inbound_retention_seconds,
         "blocked_keys": snapshot.blocked_keys,
         "oldest_blocked_head_at": iso(snapshot.oldest_blocked_head_at),
         "oldest_blocked_head_age_seconds": seconds(snapshot.oldest_blocked_head_age_seconds),

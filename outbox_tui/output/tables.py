@@ -94,9 +94,16 @@ def stats_tables(
     pauses: Sequence[PausedBacklog] = (),
     top_types: Sequence[TypeCounts] = (),
     width: int | None = None,
+    inbound_retention_seconds: float | None = None,
 ) -> list[Table | Text]:
     """``width``: the terminal's, if known (the heartbeats' serves column fits it)."""
-    record = stats_record(snapshot, database_url, pauses=pauses, top_types=top_types)
+    record = stats_record(
+        snapshot,
+        database_url,
+        pauses=pauses,
+        top_types=top_types,
+        inbound_retention_seconds=inbound_retention_seconds,
+    )
     overview = Table(title="outbox", title_justify="left", show_header=False)
     overview.add_column("what", style="bold")
     overview.add_column("value", justify="right")
@@ -126,6 +133,11 @@ def stats_tables(
     overview.add_row(
         "held behind dead letters (replay or skip the head)", str(record["held_by_dead_letters"])
     )
+    if record["inbound_rows"] is not None:
+        window = age(record["inbound_retention_seconds"])
+        overview.add_row(
+            f"inbound events remembered (dedup window {window})", str(record["inbound_rows"])
+        )
     tables: list[Table | Text] = [overview]
     if record["unserved"]:
         unserved = Table(title="no dispatcher serves these (they wait)", title_justify="left")
@@ -156,7 +168,11 @@ def stats_tables(
         for row in record["top_types"]:
             top.add_row(row["event_type"], *(str(row["counts"][s]) for s in TYPE_STATUSES))
         tables.append(top)
-    if not record["heartbeats"]:
+    dispatchers = [hb for hb in record["heartbeats"] if hb["kind"] != "consumer"]
+    consumers = [hb for hb in record["heartbeats"] if hb["kind"] == "consumer"]
+    if consumers:
+        tables.append(_consumers_table(consumers))
+    if not dispatchers:
         tables.append(Text("no dispatcher heartbeats yet (none has run against this database)"))
         return tables
     beats = Table(title="dispatchers (heartbeats)", title_justify="left")
@@ -173,7 +189,7 @@ def stats_tables(
     )
     if serves_shown:
         beats.add_column("serves", no_wrap=True, overflow="ellipsis")
-    for hb in record["heartbeats"]:
+    for hb in dispatchers:
         served = [served_types(hb["serves"], serves)] if serves_shown else []
         beats.add_row(
             hb["instance_id"],
@@ -189,6 +205,28 @@ def stats_tables(
         )
     tables.append(beats)
     return tables
+
+
+def _consumers_table(consumers: list[dict[str, Any]]) -> Table:
+    """The inbox consumers (``outbox-tui consume``): where they read, what they stored."""
+    table = Table(title="inbox consumers (heartbeats)", title_justify="left")
+    table.add_column("instance", no_wrap=True)
+    for name in ("host", "pid", "state", "last seen", "queue"):
+        table.add_column(name)
+    for name in ("received", "stored", "duplicates", "rejected"):
+        table.add_column(name, justify="right")
+    for hb in consumers:
+        totals = hb["totals"]
+        table.add_row(
+            hb["instance_id"],
+            hb["host"],
+            str(hb["pid"]),
+            heartbeat_state_text(hb["state"], hb["waiting_for"]),
+            age(hb["last_seen_age_seconds"]) + " ago",
+            hb["queue"] or "-",
+            *(str(totals[name]) for name in ("received", "stored", "duplicates", "rejected")),
+        )
+    return table
 
 
 def dedup_warning(report: ReplayReport) -> str | None:

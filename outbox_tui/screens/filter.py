@@ -1,4 +1,5 @@
-"""``/``: narrow the event list by status, event type, tenant, aggregate id and ordering key."""
+"""``/``: narrow the event list by status, event type, tenant, aggregate id, ordering key and
+origin (inbound events, received by the inbox, or local ones)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from textual.screen import ModalScreen
 from textual.suggester import SuggestFromList
 from textual.widgets import Button, Input, Label, Static
 
+from engine.operating.event_views import ORIGINS
 from engine.operating.insights import EventFilter
 from engine.storage.schema import DEAD_LETTER, STATUSES
 from outbox_tui.widgets.text_field import TextField
@@ -98,6 +100,13 @@ class FilterModal(ModalScreen[EventFilter | None]):
                 suggester=SuggestFromList(self.ordering_keys, case_sensitive=True),
                 id="filter-key",
             )
+            yield Label("Origin (inbound: received by the inbox; local)", classes="field-label")
+            yield TextField(
+                value=flt.origin or "",
+                placeholder="any, inbound or local",
+                suggester=SuggestFromList(ORIGINS, case_sensitive=False),
+                id="filter-origin",
+            )
             yield Static("", id="filter-error")
             with Horizontal(classes="dialog-buttons"):
                 yield Button(Content("Apply  [enter]"), id="apply", variant="primary")
@@ -124,6 +133,13 @@ class FilterModal(ModalScreen[EventFilter | None]):
             self.query_one("#filter-error", Static).update(Content(str(exc)))
             self.set_focus(self.query_one("#filter-status", Input))
             return
+        origin = (self._value("#filter-origin") or "").lower() or None
+        if origin is not None and origin not in ORIGINS:
+            self.query_one("#filter-error", Static).update(
+                Content(f"unknown origin {origin!r}: use {' or '.join(ORIGINS)}")
+            )
+            self.set_focus(self.query_one("#filter-origin", Input))
+            return
         self.dismiss(
             EventFilter(
                 statuses=statuses,
@@ -131,11 +147,13 @@ class FilterModal(ModalScreen[EventFilter | None]):
                 tenant_id=self._value("#filter-tenant"),
                 aggregate_id=self._value("#filter-aggregate"),
                 ordering_key=self._value("#filter-key"),
+                origin=origin,
             )
         )
 
     def action_clear(self) -> None:
-        for field in ("#filter-type", "#filter-tenant", "#filter-aggregate", "#filter-key"):
+        fields = ("#filter-type", "#filter-tenant", "#filter-aggregate", "#filter-key")
+        for field in (*fields, "#filter-origin"):
             self.query_one(field, Input).value = ""
         if not self.dead_letters_only:
             self.query_one("#filter-status", Input).value = ""

@@ -45,6 +45,7 @@ from outbox_tui.screens.dispatch_switch import DispatchSwitch
 from outbox_tui.screens.incident_actions import IncidentActions
 from outbox_tui.screens.palette import ConsoleCommands
 from outbox_tui.screens.published_recount import PublishedRecount
+from outbox_tui.widgets.consumers import ConsumersPanel
 from outbox_tui.widgets.dispatchers import DispatchersPanel
 from outbox_tui.widgets.event_detail import EventDetailPane
 from outbox_tui.widgets.footer import ConsoleFooter
@@ -108,6 +109,7 @@ class MainScreen(DetailHost):
         yield Static("", id="banner")
         yield OverviewPanel(config.pending_age, id="overview")
         yield DispatchersPanel(id="dispatchers")
+        yield ConsumersPanel(id="consumers")
         with Horizontal(id="body"):
             yield self.browser
             yield EventDetailPane(id="detail", trace_url_template=config.trace_url_template)
@@ -205,6 +207,7 @@ class MainScreen(DetailHost):
             top_types=message.top_types,
         )
         self.query_one(DispatchersPanel).show(snap.heartbeats, snap.unserved)
+        self.query_one(ConsumersPanel).show(snap.heartbeats, self.console.inbound_window)
         self.browser.polled(snap, message.page, message.generation)
         self.refreshes += 1
         if self.refreshes == 1:
@@ -237,7 +240,7 @@ class MainScreen(DetailHost):
     def watch_connection(self, connection: str) -> None:
         self.query_one(StatusBar).connection = connection
         self.query_one("#banner").set_class(connection == "lost", "-visible")
-        for selector in ("#overview", "#dispatchers", "#list"):
+        for selector in ("#overview", "#dispatchers", "#consumers", "#list"):
             self.query_one(selector).set_class(connection == "lost", "-stale")
 
     def _set_dispatch(self, state: str) -> None:
@@ -322,6 +325,11 @@ class MainScreen(DetailHost):
         from outbox_tui.screens.error_groups import ErrorGroupsScreen
 
         self.app.push_screen(ErrorGroupsScreen(self.console))
+
+    def action_show_catalog(self) -> None:
+        from outbox_tui.screens.catalog import CatalogScreen
+
+        self.app.push_screen(CatalogScreen(self.console))
 
     def action_older_page(self) -> None:
         self.browser.older_page()

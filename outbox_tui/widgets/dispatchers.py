@@ -202,6 +202,7 @@ class DispatchersPanel(Vertical):
     ) -> None:
         self.polled = True
         self._update_note()
+        heartbeats = [hb for hb in heartbeats if not hb.is_consumer]  # the inbox's have a panel
         alive = sum(1 for hb in heartbeats if hb.state == "alive")
         self.border_title = Content(f"Dispatchers · {alive} alive of {len(heartbeats)}")
         self._heartbeats, self._unserved = heartbeats, unserved

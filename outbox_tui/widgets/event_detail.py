@@ -208,6 +208,43 @@ def _chain_lines(detail: EventDetail) -> RenderableType:
     return _lines(rows)
 
 
+# How much of an undecodable message's raw body the detail shows.
+RAW_BODY_SHOWN = 400
+
+
+def _origin_rows(c: Mapping[str, Any]) -> list[tuple[str, RenderableType]]:
+    """Where an inbound event (engine.inbox) came from; empty for a local one."""
+    if c.get("inbound_queue") is None:
+        return []
+    rows: list[tuple[str, RenderableType]] = [
+        ("received from", Text.assemble("queue ", (str(c["inbound_queue"]), "bold"))),
+        ("source", Text(str(c.get("inbound_source") or "— (not read)"))),
+        ("CloudEvents id", Text(str(c.get("inbound_id") or "— (not read)"))),
+    ]
+    attributes = c.get("inbound_attributes")
+    if isinstance(attributes, Mapping):
+        for name in ("subject", "time", "dataschema", "datacontenttype"):
+            if attributes.get(name) is not None:
+                rows.append((name, Text(printable(str(attributes[name])))))
+        rest = {
+            k: v
+            for k, v in attributes.items()
+            if k not in ("subject", "time", "dataschema", "datacontenttype", "specversion")
+        }
+        if rest:
+            rows.append(("extensions", Text(printable(one_line(_compact(rest), 400)))))
+    for name in ("traceparent", "tracestate"):
+        if c.get(name):
+            rows.append((name, Text(str(c[name]))))
+    body = c.get("inbound_body")
+    if isinstance(body, bytes | bytearray | memoryview):
+        raw = bytes(body)
+        shown = raw[:RAW_BODY_SHOWN].decode("utf-8", "backslashreplace")
+        more = f" … ({len(raw):,} bytes)" if len(raw) > RAW_BODY_SHOWN else f" ({len(raw):,} bytes)"
+        rows.append(("raw body", Text.assemble(printable(shown), (more, MUTED_STYLE))))
+    return rows
+
+
 def _payload_tree(payload: Any) -> RenderableType:
     """The decoded payload as an indented JSON tree.
 
@@ -317,10 +354,15 @@ def render_detail(
     chain: list[RenderableType] = []
     if len(detail.chain) > 1:  # it caused events, or an event caused it
         chain = [_section(f"Chain ({len(detail.chain)} events)"), _chain_lines(detail)]
+    origin_rows = _origin_rows(c)
+    origin: list[RenderableType] = []
+    if origin_rows:
+        origin = [_section("Origin (inbound)"), _grid(origin_rows)]
     parts: list[RenderableType] = [
         title,
         _section("Event"),
         identity,
+        *origin,
         *chain,
         _section("Errors"),
         errors,

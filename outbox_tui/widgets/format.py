@@ -9,6 +9,7 @@ from typing import Any
 from rich.cells import cell_len
 from rich.text import Text
 
+from engine.service.catalog import CatalogEntry
 from outbox_tui.safe_text import printable
 
 # Rich styles: cells and detail sections are Rich renderables (no Textual variables).
@@ -164,7 +165,26 @@ MUTED_STYLE = "#8a8a8a"
 
 
 def heartbeat_state_text(state: str, waiting_for: str | None) -> Text:
-    """A dispatcher's state; an alive one whose relay waits for its broker says so."""
+    """A dispatcher's or consumer's state; an alive one that waits for its broker (or, a
+    consumer, for the database) says so."""
     if state == "alive" and waiting_for:
-        return Text("alive · waiting for broker", style=HEARTBEAT_STYLES["stale"])
+        what = "database" if waiting_for.startswith("database") else "broker"
+        return Text(f"alive · waiting for {what}", style=HEARTBEAT_STYLES["stale"])
     return Text(state, style=HEARTBEAT_STYLES.get(state, ""))
+
+
+def catalog_versions(entry: CatalogEntry) -> str:
+    """``v1 OrderPlaced, v2 fields``: an event type's versions and what their schemas are."""
+    return ", ".join(f"v{v.version} {v.model or v.schema_kind}" for v in entry.versions)
+
+
+def catalog_handlers(entry: CatalogEntry) -> str:
+    """Its handlers' keys, ``(tx)`` after a transactional one; ``-`` for none."""
+    keys = [h.key + (" (tx)" if h.transactional else "") for h in entry.handlers]
+    return ", ".join(keys) or "-"
+
+
+def catalog_ordering(entry: CatalogEntry) -> str:
+    if entry.ordering_key is None:
+        return "unordered"
+    return f"by {entry.ordering_key}, dead letter: {entry.on_dead_letter}"

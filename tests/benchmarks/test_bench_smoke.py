@@ -42,7 +42,7 @@ def test_smoke_run_reports_every_comparison(pg_url: str, amqp_url: str, tmp_path
     # b must run the dispatcher with --max-concurrency: the harness reads it from its help.
     assert result["machine"]["max_concurrency"] == "has --max-concurrency"
     by_id = {rec["id"]: rec for rec in result["scenarios"]}
-    assert sorted(by_id) == list("abcdefghijk")
+    assert sorted(by_id) == list("abcdefghijklmno")
     assert not [rec for rec in result["scenarios"] if rec["status"] == "error"]
 
     for sid in "ab":
@@ -77,6 +77,10 @@ def test_smoke_run_reports_every_comparison(pg_url: str, amqp_url: str, tmp_path
     latency = by_id["i"]
     assert latency["status"] == "ok"
     assert 0 < latency["p50_ms"] <= latency["p99_ms"]
+
+    for sid in "no":  # the inbox: consumed into the outbox; end to end through B's handler
+        assert by_id[sid]["status"] == "ok", by_id[sid]
+    assert by_id["o"]["ours"]["runs"][0]["duplicates"] == 0
 
     sqlite = by_id["j"]  # a SQLite file in the workdir: no service to skip for
     assert sqlite["status"] == "ok", sqlite

@@ -24,8 +24,8 @@ import pytest
 from sqlalchemy import func, select, update
 
 from engine import OutboxDispatcher, create_engine, create_schema
+from engine.service import load_registry
 from engine.storage.schema import outbox_events
-from outbox_tui.apps import load_registry
 from outbox_tui.examples.orders import create_tables
 from outbox_tui.examples.orders.traffic import generate_orders
 from tests.cli.prestarted import PrestartedCli

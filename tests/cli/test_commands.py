@@ -29,6 +29,8 @@ STATS_KEYS = {
     "recent_window_seconds",
     "awaiting_purge",
     "retention_seconds",
+    "inbound_rows",
+    "inbound_retention_seconds",
     "blocked_keys",
     "oldest_blocked_head_at",
     "oldest_blocked_head_age_seconds",
@@ -102,6 +104,7 @@ def test_help_runs_as_a_program(cli: Cli) -> None:
     assert "--dispatch" in result.stdout and "dead-letter" in result.stdout
 
 
+@pytest.mark.all_drivers
 async def test_init_db_then_stats(cli: Cli, database_url: str) -> None:
     missing = cli("stats", "--json", "--database-url", database_url)
     missing.assert_one_error_line("outbox-tui init-db", status=1)
@@ -127,6 +130,7 @@ async def test_init_db_then_stats(cli: Cli, database_url: str) -> None:
     )
     assert record["total"] == 0
     assert record["awaiting_purge"] == 0 and record["retention_seconds"] == 60
+    assert record["inbound_rows"] == 0 and record["inbound_retention_seconds"] == 7 * 86_400
     assert record["oldest_pending_at"] is None and record["heartbeats"] == []
     assert record["blocked_keys"] == 0 and record["oldest_blocked_head_age_seconds"] is None
     assert record["database_url"] == masked(database_url)
@@ -151,6 +155,7 @@ async def test_dispatch_once_with_the_example_app(cli: Cli, orders_url: str) -> 
 
 
 @sqlite_only
+@pytest.mark.all_drivers
 async def test_stats_after_work(cli: Cli, dead_letters_url: str) -> None:
     result = cli("stats", "--json", env={"OUTBOX_DATABASE_URL": dead_letters_url})
     assert result.returncode == 0, result
@@ -241,6 +246,7 @@ async def _audit(url: str) -> list[dict[str, object]]:
         await engine.dispose()
 
 
+@pytest.mark.all_drivers
 async def test_replay_safeguards_dry_run_and_audit(cli: Cli, dead_letters_url: str) -> None:
     env = {"OUTBOX_DATABASE_URL": dead_letters_url}
     dead = await _ids(dead_letters_url, DEAD_LETTER)

@@ -57,6 +57,7 @@ async def heartbeat(url: str, instance_id: str) -> HeartbeatView:
     return next(hb for hb in beats if hb.instance_id == instance_id)
 
 
+@pytest.mark.all_drivers
 async def test_dispatch_for_n_iterations_prints_json_lines(cli: Cli, orders_url: str) -> None:
     result = cli(
         "--dispatch",
@@ -101,6 +102,7 @@ def _scrape(url: str) -> bytes:
         return bytes(response.read())
 
 
+@pytest.mark.all_drivers
 async def test_sigterm_finishes_the_batch_and_exits_zero(cli: Cli, orders_url: str) -> None:
     proc = cli.popen(
         "--dispatch",

@@ -4,56 +4,13 @@ from __future__ import annotations
 
 import json
 
-from sqlalchemy import Column, MetaData, String, Table, insert, select
-
-from engine import (
-    EventRegistry,
-    OutboxDispatcher,
-    OutboxEventPublisher,
-    TaskContext,
-    create_engine,
-    create_schema,
-    unit_of_work,
-)
-from engine.storage.schema import outbox_events as t
+from tests.chains import chain_registry, seed_chain
 
 from .conftest import Cli
 
-business = MetaData()
-invoices = Table("event_cmd_invoices", business, Column("order_id", String(36)))
-
 
 async def a_chain(url: str) -> tuple[str, str]:
-    """An order whose transactional handler wrote an invoice and published its follow-up."""
-    registry = EventRegistry()
-    registry.register_event("orders.placed", 1)
-    registry.register_event("invoices.issued", 1)
-
-    @registry.handler("orders.placed", key="billing.invoice", transactional=True)
-    async def invoice(envelope, session):
-        await session.execute(insert(invoices).values(order_id=envelope.aggregate_id))
-        await OutboxEventPublisher(session).publish(
-            "invoices.issued", {}, aggregate_type="invoice", aggregate_id=envelope.aggregate_id
-        )
-
-    engine = create_engine(url)
-    try:
-        await create_schema(engine)
-        async with engine.begin() as conn:
-            await conn.run_sync(business.create_all)
-        context = TaskContext("acme", "tester", "req-1")
-        async with unit_of_work(engine, registry=registry, context=context) as session:
-            first = await OutboxEventPublisher(session).publish(
-                "orders.placed", {"note": "x"}, aggregate_type="order", aggregate_id="o-1"
-            )
-        await OutboxDispatcher(engine, registry).dispatch_once()
-        async with engine.connect() as conn:
-            follow_up = (
-                await conn.execute(select(t.c.id).where(t.c.causation_id == first))
-            ).scalar_one()
-    finally:
-        await engine.dispose()
-    return first, follow_up
+    return await seed_chain(url, chain_registry())
 
 
 async def test_an_event_shows_its_cause_and_chain_as_json_and_as_text(database_url: str, cli: Cli):

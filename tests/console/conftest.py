@@ -12,10 +12,10 @@ from textual.pilot import Pilot
 from engine import OutboxDispatcher, create_engine, create_schema
 from engine.clock import Clock
 from engine.operating.insights import OutboxInsights
+from engine.service import load_registry
 from engine.settings import DispatcherSettings
 from engine.writing.registry import EventRegistry
 from outbox_tui.app import ConsoleConfig, OutboxConsole, make_app
-from outbox_tui.apps import load_registry
 from outbox_tui.examples.orders import create_tables
 from outbox_tui.examples.orders.traffic import generate_orders
 from outbox_tui.screens.confirm import ConfirmModal

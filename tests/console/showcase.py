@@ -16,6 +16,7 @@ clock afterwards, and the console gets the same clock.
 from __future__ import annotations
 
 import contextlib
+import json
 import random
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
@@ -30,14 +31,16 @@ from textual.pilot import Pilot
 
 from engine import BackoffPolicy, OutboxDispatcher, create_engine, create_schema, replay_dead_letter
 from engine.dispatch.claimer import Claimer
+from engine.inbox import InboxWriter, ReceivedMessage, RowBuilder, decode_message
+from engine.inbox.heartbeat import CONSUMER_KIND, ConsumerTotals, consumer_details
 from engine.operating.insights import EventSummary
 from engine.operating.pauses import pause
 from engine.running.heartbeat import Heartbeat
+from engine.service import load_registry
 from engine.settings import DispatcherSettings
 from engine.storage.schema import DEAD_LETTER, outbox_events
 from engine.writing.registry import EventRegistry
 from outbox_tui.app import ConsoleConfig, OutboxConsole, make_app
-from outbox_tui.apps import load_registry
 from outbox_tui.examples.orders import create_tables
 from outbox_tui.examples.orders.traffic import generate_orders
 from outbox_tui.screens.confirm import ConfirmModal
@@ -425,6 +428,144 @@ async def scene_confirm_replay_dedup(pilot: Pilot[object], clock: FixedClock) ->
     await _wait(pilot, lambda: isinstance(app.screen, ConfirmModal), "the dialog")
 
 
+async def scene_catalog(pilot: Pilot[object], clock: FixedClock) -> None:
+    """The event catalog (c), with the second type's schemas under the table."""
+    from outbox_tui.screens.catalog import CatalogScreen
+
+    app = await _first_refresh(pilot)
+    await pilot.press("c")
+    await _wait(pilot, lambda: isinstance(app.screen, CatalogScreen), "the catalog")
+    await pilot.press("down")
+
+
+INBOX_QUEUE = "orders.from-storefront"
+
+
+def _inbound_messages() -> list[ReceivedMessage]:
+    """What the storefront sent: orders (structured mode, keyed), a cancellation in binary
+    mode, an event type this service does not know, and a message nobody can read."""
+    messages = []
+    for n, (customer, amount) in enumerate((("ada", 42), ("grace", 17), ("alan", 99))):
+        order = f"sf-{1040 + n}"
+        body = {
+            "specversion": "1.0",
+            "id": f"0195b0c4-77aa-7d10-9a5e-00000000{104 + n:04d}",
+            "source": "/storefront/order",
+            "type": "orders.placed",
+            "subject": f"order/{order}",
+            "time": (T0 + timedelta(minutes=3 * n)).isoformat().replace("+00:00", "Z"),
+            "datacontenttype": "application/json",
+            "tenantid": "acme",
+            "eventversion": 1,
+            "aggregatetype": "order",
+            "aggregateid": order,
+            "partitionkey": f"order:{order}",
+            "traceparent": f"00-4bf92f3577b34da6a3ce929d0e0e47{36 + n:02d}-00f067aa0ba902b7-01",
+            "data": {"order_id": order, "customer": customer, "amount": amount},
+        }
+        messages.append(ReceivedMessage(json.dumps(body).encode(), "application/cloudevents+json"))
+    binary = {
+        "ce-specversion": "1.0",
+        "ce-id": "0195b0c4-77aa-7d10-9a5e-000000000107",
+        "ce-source": "/storefront/order",
+        "ce-type": "orders.cancelled",
+        "ce-tenantid": "acme",
+        "ce-subject": "order/sf-1041",
+        "ce-partitionkey": "order:sf-1041",
+    }
+    cancelled = {"order_id": "sf-1041", "reason": "customer changed their mind"}
+    messages.append(ReceivedMessage(json.dumps(cancelled).encode(), "application/json", binary))
+    unknown = {
+        "specversion": "1.0",
+        "id": "0195b0c4-77aa-7d10-9a5e-000000000108",
+        "source": "/storefront/cart",
+        "type": "storefront.cart_abandoned",
+        "data": {"cart_id": "c-77", "tenant_id": "acme"},
+    }
+    messages.append(ReceivedMessage(json.dumps(unknown).encode(), "application/cloudevents+json"))
+    messages.append(ReceivedMessage(b"<order id='sf-1045'/>", "text/xml", message_id="legacy-1045"))
+    return messages
+
+
+async def seed_inbox(clock: FixedClock, url: str = SHOWCASE_URL) -> None:
+    """Inbound events written by the inbox into the showcase database (or ``url``), and
+    two consumers' heartbeats (one waits for its broker)."""
+    rng = random.Random(45)
+    millis = int((NOW - timedelta(minutes=2)).timestamp() * 1000)
+
+    def event_id() -> str:
+        nonlocal millis
+        millis += 211
+        value = (millis << 80) | (0x7 << 76) | (rng.getrandbits(12) << 64)
+        return str(uuid.UUID(int=value | (0b10 << 62) | rng.getrandbits(62)))
+
+    engine = create_engine(url)
+    try:
+        received = FixedClock(NOW - timedelta(seconds=95))
+        builder = RowBuilder(registry(), queue=INBOX_QUEUE, default_tenant="acme", clock=received)
+        rows = []
+        with mock.patch("engine.inbox.rows.uuid7", event_id):
+            for message in _inbound_messages():
+                received.advance(7)
+                rows.append(builder.row(message, decode_message(message, max_bytes=1 << 20)))
+        await InboxWriter(engine).write(rows)
+        beats = (
+            ("orders-inbox-1", "billing-1", 7311, -1, None, (412, 398, 13, 1)),
+            (
+                "orders-inbox-2",
+                "billing-2",
+                7420,
+                -3,
+                "broker unavailable: connection refused",
+                (57, 57, 0, 0),
+            ),
+        )
+        for instance_id, host, pid, seen, waiting, (got, stored, dups, bad) in beats:
+            beat_clock = FixedClock(clock() + timedelta(seconds=seen))
+            heartbeat = Heartbeat(
+                engine, instance_id, kind=CONSUMER_KIND, clock=beat_clock, host=host, pid=pid
+            )
+            heartbeat.started_at = clock() - timedelta(hours=1)
+            totals = ConsumerTotals(received=got, stored=stored, duplicates=dups, rejected=bad)
+            details = consumer_details(
+                queue=INBOX_QUEUE,
+                bindings=["outbox.events:orders.#"],
+                prefetch=1000,
+                max_batch=500,
+                totals=totals,
+                waiting_for=waiting,
+                last_error=waiting,
+                heartbeat_seconds=5.0,
+            )
+            await heartbeat.beat(details, force=True)
+    finally:
+        await engine.dispose()
+
+
+async def scene_inbox(pilot: Pilot[object], clock: FixedClock) -> None:
+    """The inbox: its consumers under the dispatchers, the event list filtered to inbound
+    events, and the detail of one with its origin."""
+    await seed_inbox(clock)
+    app = await _first_refresh(pilot)
+    await _refreshed(pilot)
+    await pilot.press("slash", *["tab"] * 5, *"inbound", "enter")
+    table = app.main.query_one(EventTable)
+    await _wait(pilot, lambda: app.main.view.filter.origin == "inbound", "the inbound filter")
+    await _wait(pilot, lambda: len(table.events) == 6, "the six inbound events")
+    await _detail_of(pilot, lambda e: e.event_type == "orders.cancelled")
+
+
+async def scene_inbound_dead_letter(pilot: Pilot[object], clock: FixedClock) -> None:
+    """A message the inbox could not decode: dead-lettered with its raw body and reason."""
+    await seed_inbox(clock)
+    await _first_refresh(pilot)
+    await _refreshed(pilot)
+    await pilot.press("slash", *["tab"] * 5, *"inbound", "enter")
+    app: OutboxConsole = pilot.app  # type: ignore[assignment]
+    await _wait(pilot, lambda: app.main.view.filter.origin == "inbound", "the inbound filter")
+    await _detail_of(pilot, lambda e: e.event_type == "inbox.undecodable")
+
+
 SCENES: dict[str, Callable[[Pilot[object], FixedClock], Awaitable[None]]] = {
     "overview": scene_overview,
     "overview-paused": scene_overview_paused,
@@ -440,6 +581,9 @@ SCENES: dict[str, Callable[[Pilot[object], FixedClock], Awaitable[None]]] = {
     "error-groups": scene_error_groups,
     "confirm-pause": scene_confirm_pause,
     "confirm-replay-dedup": scene_confirm_replay_dedup,
+    "catalog": scene_catalog,
+    "inbox": scene_inbox,
+    "inbound-dead-letter": scene_inbound_dead_letter,
 }
 # The sizes operators have (80x24), the one the screenshots use, and a big terminal.
 SIZES = {"80x24": (80, 24), "160x45": SIZE, "160x48": (160, 48)}

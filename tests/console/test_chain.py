@@ -6,56 +6,17 @@ from __future__ import annotations
 import io
 
 from rich.console import Console
-from sqlalchemy import Column, MetaData, String, Table, insert
 
-from engine import (
-    EventRegistry,
-    OutboxDispatcher,
-    OutboxEventPublisher,
-    TaskContext,
-    create_engine,
-    create_schema,
-    unit_of_work,
-)
 from outbox_tui.widgets.event_detail import EventDetailPane, render_detail
 from outbox_tui.widgets.event_table import EventTable
+from tests.chains import chain_registry, seed_chain
 
 from .conftest import SIZE, console, started, until
-
-business = MetaData()
-invoices = Table("chain_test_invoices", business, Column("order_id", String(36)))
-
-
-def chain_registry() -> EventRegistry:
-    registry = EventRegistry()
-    registry.register_event("orders.placed", 1)
-    registry.register_event("invoices.issued", 1)
-
-    @registry.handler("orders.placed", key="billing.invoice", transactional=True)
-    async def invoice(envelope, session):
-        await session.execute(insert(invoices).values(order_id=envelope.aggregate_id))
-        await OutboxEventPublisher(session).publish(
-            "invoices.issued", {}, aggregate_type="invoice", aggregate_id=envelope.aggregate_id
-        )
-
-    return registry
 
 
 async def test_the_detail_of_a_follow_up_shows_its_cause_and_its_chain(sqlite_url):
     registry = chain_registry()
-    engine = create_engine(sqlite_url)
-    try:
-        await create_schema(engine)
-        async with engine.begin() as conn:
-            await conn.run_sync(business.create_all)
-        context = TaskContext("acme", "tester", "req-1")
-        async with unit_of_work(engine, registry=registry, context=context) as session:
-            first = await OutboxEventPublisher(session).publish(
-                "orders.placed", {}, aggregate_type="order", aggregate_id="o-1"
-            )
-        await OutboxDispatcher(engine, registry).dispatch_once()
-    finally:
-        await engine.dispose()
+    first, _follow_up = await seed_chain(sqlite_url, registry)
     app = console(sqlite_url, registry)
     async with app.run_test(size=SIZE) as pilot:
         await started(pilot)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from engine import EventRegistry, create_engine
 from engine.operating.insights import OutboxInsights
 
@@ -22,6 +24,7 @@ def s_key(app) -> str:
     return app.main.active_bindings["s"].binding.description
 
 
+@pytest.mark.all_drivers  # the console on psycopg 3 too
 async def test_s_starts_dispatch_and_s_y_stops_it_gracefully(seeded_url, orders_registry):
     before = await counts(seeded_url)
     assert before["pending"] > 0

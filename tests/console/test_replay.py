@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from engine import create_engine
 from engine.operating.insights import EventFilter, OutboxInsights
 from outbox_tui.widgets.event_table import EventTable
@@ -35,6 +37,7 @@ def notes(app) -> list[str]:
     return [f"{n.title}: {n.message}" for n in app._notifications]
 
 
+@pytest.mark.all_drivers  # the console on psycopg 3 too
 async def test_r_replays_the_highlighted_dead_letter_with_a_reason(seeded_url, orders_registry):
     app = console(seeded_url, orders_registry)
     async with app.run_test(size=SIZE) as pilot:

@@ -18,6 +18,9 @@ from engine import create_engine, create_schema
 from engine.dispatch.claimer import ClaimedBatch, Claimer
 from engine.running.run_loop import STORAGE_ERRORS
 
+# On SQLite, and on PostgreSQL through asyncpg and through psycopg 3.
+pytestmark = pytest.mark.all_drivers
+
 
 async def claim(db, clock) -> ClaimedBatch:
     async with db.begin() as conn:

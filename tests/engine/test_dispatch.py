@@ -29,6 +29,9 @@ from engine.writing.publisher import OutboxEvent
 
 from .conftest import CTX, order_payload, row, rows
 
+# On SQLite, and on PostgreSQL through asyncpg and through psycopg 3.
+pytestmark = pytest.mark.all_drivers
+
 
 async def publish(db, registry, count=1, max_attempts=None, prefix="o"):
     drafts = [

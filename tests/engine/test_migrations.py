@@ -376,9 +376,7 @@ INBOX_COLUMNS = (
 INBOX_INDEXES = ("uq_outbox_events_inbound", "ix_outbox_events_inbound_published")
 
 
-async def test_the_inbox_columns_and_indexes_are_added_to_a_database_made_before_them(
-    db, registry
-):
+async def test_the_inbox_columns_and_indexes_are_added_to_a_database_made_before_them(db, registry):
     """0.10: a database of the version before the inbox is refused, then upgraded in
     place; its rows stay local (no inbound identity), and the inbox deduplicates at once."""
     async with db.begin() as conn:  # the tables as the version before made them

@@ -12,6 +12,9 @@ from engine.operating.insights import EventFilter, OutboxInsights
 
 from .conftest import row
 
+# On SQLite, and on PostgreSQL through asyncpg and through psycopg 3.
+pytestmark = pytest.mark.all_drivers
+
 GOOD_PAYLOAD = (
     '{"order_id": "o-1", "amount": 5, "tenant_id": "acme", "actor_id": "u", "request_id": "r"}'
 )

@@ -20,6 +20,9 @@ from engine.storage.schema import outbox_events
 
 from .conftest import CTX, order_payload, rows
 
+# Every test here on SQLite, on PostgreSQL through asyncpg and through psycopg 3.
+pytestmark = pytest.mark.all_drivers
+
 
 @contextlib.contextmanager
 def statements_run(db) -> Iterator[list[str]]:

@@ -130,6 +130,14 @@ async def test_the_purges_of_local_and_inbound_rows_read_their_published_at_inde
     assert "ix_outbox_events_inbound_published" in plan, plan
 
 
+async def test_the_inbound_rows_are_counted_inside_their_unique_index(db):
+    from engine.operating.overview import inbound_rows_statement
+
+    plan = await _plan(db, inbound_rows_statement())
+    _assert_no_table_scan(plan)
+    assert "uq_outbox_events_inbound" in plan, plan
+
+
 async def _text_plan(db, sql: str, params: dict) -> str:
     typed = [
         bindparam(k, type_=UtcDateTime()) for k, v in params.items() if isinstance(v, datetime)

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from engine import BackoffPolicy, EventRegistry, EventSchemaSpec, mask_url
 from engine.clock import uuid7
 from engine.errors import ConfigurationError, DatabaseUrlError, EventRegistrationError
-from engine.storage.database import mask_secrets, parse_database_url
+from engine.storage.database import parse_database_url
+from engine.storage.secrets import mask_secrets
 
 
 def test_uuid7_is_version_7_and_strictly_increasing():

@@ -25,6 +25,7 @@ from engine import EventRegistry
 from engine.inbox.consumer import ConsumerOptions, InboxConsumer
 from engine.inbox.heartbeat import ConsumerSummary
 from engine.settings import ConsumerSettings
+from engine.storage.database import read_only_engine
 from engine.storage.schema import outbox_events as t
 from tests.inbox.corpus import STRUCTURED, TYPE, encoded, event
 
@@ -185,7 +186,8 @@ async def eventually(
 
 
 async def count(engine: AsyncEngine, *where: Any) -> int:
-    async with engine.connect() as conn:
+    """Rows matching ``where``, read without SQLite's write lock (another process may hold it)."""
+    async with read_only_engine(engine).connect() as conn:
         stmt = select(func.count()).select_from(t).where(*where)
         return int((await conn.execute(stmt)).scalar_one())
 

@@ -26,7 +26,7 @@ from tests.inbox.conftest import (
 )
 from tests.inbox.corpus import MALFORMED, SOURCE, TRACEPARENT, TYPE, binary_headers, event
 
-pytestmark = [pytest.mark.rabbitmq]
+pytestmark = [pytest.mark.rabbitmq, pytest.mark.all_drivers]
 
 
 async def test_structured_and_binary_messages_become_pending_rows(db, registry, inbound):

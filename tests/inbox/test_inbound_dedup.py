@@ -15,6 +15,9 @@ from engine.storage.schema import outbox_events as t
 from engine.writing.publisher import OutboxEvent
 from tests.inbox.corpus import LIMIT, STRUCTURED, TYPE, encoded, event
 
+# The writer's statement on every driver: SQLite, asyncpg and psycopg.
+pytestmark = pytest.mark.all_drivers
+
 
 @pytest.fixture
 def registry() -> EventRegistry:

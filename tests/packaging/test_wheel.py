@@ -203,7 +203,7 @@ def test_the_installed_command_line_works_on_sqlite(venv: Venv) -> None:
         """
         import asyncio, sys
         from engine import create_engine
-        from outbox_tui.apps import load_registry
+        from engine.service import load_registry
         from outbox_tui.examples.orders import create_tables
         from outbox_tui.examples.orders.traffic import generate_orders
 

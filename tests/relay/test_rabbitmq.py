@@ -30,7 +30,7 @@ from engine.dispatch import ExternalPublishResult
 from engine.errors import ConfigurationError
 from engine.relay import BrokerUnavailableError, RabbitMqOutboxPublisher, circuit
 from engine.relay.cloudevents import rfc3339
-from engine.storage.database import mask_url
+from engine.storage.secrets import mask_url
 from tests.engine.conftest import rows
 
 from .conftest import TRACE, BrokerControl, Topology, add_events

@@ -55,15 +55,29 @@ def _row(r: ScenarioResult) -> str:
 
 def render(results: list[ScenarioResult], *, commit: str, when: datetime) -> str:
     soak = any(r.soak for r in results)
+    tested = {r.commit for r in results}
+    if len(tested) > 1 or "" in tested:  # records of several runs: say which is which
+        run = (
+            f"- Rendered {when.isoformat(timespec='seconds')} at commit `{commit}` from the "
+            "records of more than one run; each row's commit and sizes follow it (`?`: a "
+            "record written before commits were kept)."
+        )
+        rows = [_row(r) + f" `{r.commit or '?'}` {'soak' if r.soak else 'CI'} |" for r in results]
+        columns = (*COLUMNS, "tested at")
+    else:
+        run = (
+            f"- Run: {when.isoformat(timespec='seconds')}, commit `{commit}`, "
+            f"{'soak sizes (--soak)' if soak else 'CI sizes'}."
+        )
+        rows, columns = [_row(r) for r in results], COLUMNS
     lines = [
         HEADER.rstrip("\n"),
         "",
-        f"- Run: {when.isoformat(timespec='seconds')}, commit `{commit}`, "
-        f"{'soak sizes (--soak)' if soak else 'CI sizes'}.",
+        run,
         "",
-        "| " + " | ".join(COLUMNS) + " |",
-        "|" + "---|" * len(COLUMNS),
-        *(_row(r) for r in results),
+        "| " + " | ".join(columns) + " |",
+        "|" + "---|" * len(columns),
+        *rows,
         "",
     ]
     notes = [(r, note) for r in results for note in r.notes]

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field
+import subprocess
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,6 +42,8 @@ class ScenarioResult:
     command: str = ""
     soak: bool = False
     notes: list[str] = field(default_factory=list)
+    # The commit the run tested ("" in records written before it was kept).
+    commit: str = ""
 
     @property
     def key(self) -> str:
@@ -48,11 +51,31 @@ class ScenarioResult:
 
 
 def record(result: ScenarioResult) -> Path:
-    """Write ``result`` (replacing an earlier run's record of the same scenario/database)."""
+    """Write ``result`` (replacing an earlier run's record of the same scenario/database),
+    with the commit it tested."""
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     path = RESULTS_DIR / f"{result.key}.json"
+    if not result.commit:
+        result = replace(result, commit=current_commit())
     path.write_text(json.dumps(asdict(result), indent=2, sort_keys=True) + "\n")
     return path
+
+
+def current_commit() -> str:
+    """The checkout's short commit, with ``+`` when it has uncommitted changes."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except OSError:
+        return ""
+    return f"{head}+" if head and dirty else head
 
 
 def load_all(where: Path = RESULTS_DIR) -> list[ScenarioResult]:
