@@ -69,6 +69,7 @@ async def test_the_handler_span_is_in_the_request_trace(db, registry, clock, spa
     assert process.kind is SpanKind.CONSUMER
     assert trace_id(process) == trace_id(request)
     assert parent_id(process) == span_id(write)  # the stored context is its parent
+    assert [link.context.span_id for link in process.links] == [span_id(write)]  # and link
     assert parent_id(call) == span_id(process)  # the handler ran inside it
     attributes = dict(process.attributes or {})
     assert attributes["messaging.operation.type"] == "process"

@@ -62,6 +62,7 @@ async def test_a_plain_sql_row_without_one_starts_a_trace(db, registry, clock, s
     processes = spans.named("process orders.placed")
     assert len(processes) == 2
     assert all(p.parent is None for p in processes)  # roots: new traces, not a crash
+    assert all(not p.links for p in processes)
     assert processes[0].context.trace_id != processes[1].context.trace_id
 
 
