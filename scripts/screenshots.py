@@ -5,9 +5,8 @@ database (example orders from a fixed seed, a fixed clock) and goes through the
 same scenes as the snapshot tests: overview, a paused type, events with detail, dead letters,
 the replay confirmation, blocked keys, a blocked head's detail, the skip
 confirmation, help, the filter, the palette, the error groups, the pause confirmation
-and a replay confirmation with the dedup-window warning; then six of them at 80x24; then
-the event detail again as a traced service sees it (``trace-detail.svg``: each event with
-its stored trace context, ``--trace-url-template`` set, dispatchers reporting their lag).
+and a replay confirmation with the dedup-window warning, the catalog, the inbox, and a traced
+service's event detail (its trace id and link); then seven of them at 80x24.
 Each scene gets a fresh copy of the database.
 
     .venv/bin/python scripts/screenshots.py [--out DIR] [--size 160x45]
@@ -17,11 +16,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import shutil
-import sqlite3
 import sys
 import tempfile
 from pathlib import Path
@@ -29,7 +26,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.running.lag import LAG_BUCKETS  # noqa: E402
 from tests.console.showcase import (  # noqa: E402 - after the path set-up above
     SCENES,
     SIZE,
@@ -37,9 +33,6 @@ from tests.console.showcase import (  # noqa: E402 - after the path set-up above
     build_showcase,
     showcase_app,
 )
-
-TRACED = "trace-detail.svg"
-TRACE_URL = "https://tempo.example.com/trace/{trace_id}"
 
 NAMES = {
     "overview": "overview.svg",
@@ -59,6 +52,7 @@ NAMES = {
     "catalog": "catalog.svg",
     "inbox": "inbox.svg",
     "inbound-dead-letter": "inbound-dead-letter.svg",
+    "trace-detail": "trace-detail.svg",
 }
 # At 80x24 too: the terminal operators have.
 SMALL = (80, 24)
@@ -73,28 +67,9 @@ SMALL_SCENES = (
 )
 
 
-def stamp_traces(database: Path) -> None:
-    """What a traced service's outbox holds: each event's W3C context (its trace id the
-    payload's, a span id from its own id), and a live dispatcher's last-minute lag."""
-    lag = [0] * (len(LAG_BUCKETS) + 1)
-    for bound, count in ((0.01, 310), (0.025, 120), (0.1, 40), (0.5, 9), (2.5, 2)):
-        lag[LAG_BUCKETS.index(bound)] = count
-    window = json.dumps({"window_seconds": 60.0, "le": list(LAG_BUCKETS), "counts": lag})
-    with sqlite3.connect(database) as db:
-        db.execute(
-            "UPDATE outbox_events SET traceparent = '00-' || json_extract(payload, '$.trace_id')"
-            " || '-' || substr(replace(id, '-', ''), 17, 16) || '-01'"
-        )
-        db.execute(
-            "UPDATE process_heartbeats SET details = json_set(details, '$.lag', json(?))"
-            " WHERE instance_id = 'orders-worker-1'",
-            (window,),
-        )
-
-
 async def shoot(scene: str, out: Path, size: tuple[int, int], name: str) -> Path:
     clock = FixedClock()
-    app = showcase_app(clock, **({"trace_url_template": TRACE_URL} if name == TRACED else {}))
+    app = showcase_app(clock)
     async with app.run_test(size=size) as pilot:
         await SCENES[scene](pilot, clock)
         await pilot.pause()
@@ -117,13 +92,10 @@ def main() -> int:
         asyncio.run(build_showcase(f"sqlite+aiosqlite:///{master}/showcase.db"))
         shots = [(scene, (width, height), NAMES[scene]) for scene in SCENES]
         shots += [(s, SMALL, NAMES[s].replace(".svg", "-80x24.svg")) for s in SMALL_SCENES]
-        shots.append(("events-detail", (width, height), TRACED))
         for scene, size, name in shots:
             work = Path(tmp) / name
             work.mkdir()
             shutil.copy(master / "showcase.db", work / "showcase.db")
-            if name == TRACED:
-                stamp_traces(work / "showcase.db")
             os.chdir(work)  # the app opens ./showcase.db: no temporary path in the header
             path = asyncio.run(shoot(scene, out, size, name))
             print(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
