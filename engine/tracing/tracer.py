@@ -6,7 +6,7 @@ Even a no-op span costs microseconds (a context attach and detach), so the hot p
 ``active_tracer()`` once (a round, a publish call) and skip tracing altogether when it
 answers None. Asking OpenTelemetry for its provider reads the environment each time, so
 an answer of "none configured" is kept for a second; a configured provider is kept for
-good (OpenTelemetry lets a process set its global provider once). See decision 0038.
+good (OpenTelemetry lets a process set its global provider once). See decision 0040.
 """
 
 from __future__ import annotations

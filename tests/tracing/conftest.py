@@ -43,6 +43,20 @@ class Spans:
     def named(self, name: str) -> list[ReadableSpan]:
         return [s for s in self.finished() if s.name == name]
 
+    def tree(self, root: ReadableSpan) -> list[tuple[int, str, str]]:
+        """(depth, name, kind) of ``root`` and its descendants, depth first."""
+        spans = self.finished()
+        found: list[tuple[int, str, str]] = []
+
+        def walk(span: ReadableSpan, depth: int) -> None:
+            found.append((depth, span.name, span.kind.name))
+            for child in sorted(spans, key=lambda s: s.start_time or 0):
+                if child.parent is not None and child.parent.span_id == span_id(span):
+                    walk(child, depth + 1)
+
+        walk(root, 0)
+        return found
+
     def one(self, name: str) -> ReadableSpan:
         found = self.named(name)
         assert len(found) == 1, [s.name for s in self.finished()]

@@ -4,6 +4,8 @@ B's dispatcher → B's handler. Service A on SQLite, service B on both databases
 from __future__ import annotations
 
 import asyncio
+import re
+from pathlib import Path
 
 import pytest
 from opentelemetry.trace import SpanKind, StatusCode
@@ -28,6 +30,7 @@ from tests.inbox.conftest import eventually, running
 from .conftest import Spans, parent_id, span_id, trace_id, traceparent_of
 
 pytestmark = [pytest.mark.rabbitmq]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def service_a() -> EventRegistry:
@@ -87,6 +90,23 @@ async def test_the_consumers_handler_is_in_the_producers_trace(
     assert attributes["messaging.rabbitmq.destination.routing_key"] == "orders.placed"
     assert attributes["outbox.outcome"] == "published"
     assert send.status.status_code is StatusCode.UNSET
+    # The tree docs/tracing.md shows is this one.
+    tree = spans.tree(request)
+    found = [(depth, name.replace(inbound.exchange, "outbox.events"), k) for depth, name, k in tree]
+    assert found == documented_tree()
+
+
+def documented_tree() -> list[tuple[int, str, str]]:
+    """(depth, name, kind) of each line of the span tree in docs/tracing.md."""
+    text = (ROOT / "docs" / "tracing.md").read_text()
+    block = text.split("## What a trace looks like", 1)[1].split("```", 2)[1]
+    tree = []
+    for line in block.strip("\n").splitlines():
+        label = line.lstrip(" │└─├")
+        depth = (len(line) - len(label)) // 3
+        name, kind = re.split(r"\s{2,}", label.strip())[:2]
+        tree.append((depth, name, kind))
+    return tree
 
 
 async def _stored(db) -> bool:
