@@ -16,6 +16,7 @@ from engine.dispatch.backoff import BackoffPolicy
 from engine.errors import (
     BrokerUnavailableError,
     ConfigurationError,
+    DatabaseAuthenticationError,
     DatabaseUnavailableError,
     DatabaseUrlError,
     DomainEventError,
@@ -74,6 +75,7 @@ __all__ = [
     "BlockedKey",
     "BrokerUnavailableError",
     "ConfigurationError",
+    "DatabaseAuthenticationError",
     "DatabaseUnavailableError",
     "DatabaseUrlError",
     "DispatchResult",

@@ -39,6 +39,10 @@ class DatabaseUnavailableError(StorageError):
     """The database server or file cannot be reached."""
 
 
+class DatabaseAuthenticationError(DatabaseUnavailableError):
+    """The database server refused the login: the user name or the password is wrong."""
+
+
 class SchemaMissingError(StorageError):
     """The outbox tables do not exist in the target database."""
 

@@ -5,7 +5,8 @@ palette title and hint, and the line of the help screen. ``bindings()``,
 ``palette_commands()`` and ``help_rows()`` are built from it, so they cannot
 drift apart. Adding a view or an action is one row here plus its ``action_*``
 method. Rows without an action are keys of other widgets (dialogs, the table),
-listed in the help only.
+listed in the help only. A row that changes something says what (``changes``): the
+help's sentence on what the console changes is made from those.
 
 The footer: ``footer`` is a key's place, in order of importance, and ``footer_from``
 the terminal width it needs. At 80 columns the footer shows the incident keys
@@ -39,6 +40,7 @@ class ConsoleAction:
     footer_from: int = 0  # the terminal width (columns) from which the footer shows it
     display: str | None = None  # how the help and palette write the key ("/")
     binding_id: str | None = None
+    changes: str | None = None  # what it changes, for the help's footnote; None: it reads
 
     @property
     def shown_key(self) -> str:
@@ -185,6 +187,7 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         "Replay",
         footer=0,
         binding_id="replay",
+        changes="replays",
     ),
     A(
         "replay_matching",
@@ -196,6 +199,7 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         "Replay all",
         footer=1,
         binding_id="replay-all",
+        changes="replays",
     ),
     A(
         "skip_dead_letter",
@@ -207,6 +211,7 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         "Skip",
         footer=2,
         binding_id="skip",
+        changes="skips",
     ),
     A(
         "pause_type",
@@ -218,6 +223,7 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         "Pause",
         footer=4,
         binding_id="pause-type",
+        changes="pauses and resumes",
     ),
     A(
         "start_dispatch",
@@ -229,6 +235,7 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         "Start dispatch",
         footer=5,
         binding_id="start-dispatch",
+        changes="its own dispatcher",
     ),
     A(
         "stop_dispatch",
@@ -240,8 +247,16 @@ ACTIONS: tuple[ConsoleAction, ...] = (
         "Stop dispatch",
         footer=5,
         binding_id="stop-dispatch",
+        changes="its own dispatcher",
     ),
-    A(None, None, ACT, "in a confirmation: proceed / cancel (escape cancels too)", display="y / n"),
+    A(
+        None,
+        None,
+        ACT,
+        "in a confirmation: type the reason, enter moves to the buttons; there y proceeds, "
+        "n cancels (escape cancels anywhere)",
+        display="y / n",
+    ),
     A("refresh_now", "ctrl+r", CONSOLE, "refresh now", "Refresh now", label="Refresh"),
     A(None, None, CONSOLE, "command palette: every action by name", display="ctrl+p"),
     A(
@@ -315,6 +330,22 @@ def palette_commands() -> list[tuple[str, str, str]]:
         hint = f"{a.hint} {key}".strip()
         commands.append((a.title, a.action, hint))
     return commands
+
+
+def changing_actions() -> list[ConsoleAction]:
+    """The actions that change something (a replay, a pause), in table order."""
+    return [a for a in ACTIONS if a.changes is not None]
+
+
+def what_changes() -> str:
+    """The help's sentence on what the console changes, from ``changing_actions``.
+
+    "The console only reads, except for replays, skips, pauses and resumes, and its own
+    dispatcher." A new action that changes something names itself in its row.
+    """
+    said = list(dict.fromkeys(a.changes for a in changing_actions() if a.changes))
+    listed = ", ".join(said[:-1]) + (", and " if len(said) > 1 else "") + said[-1]
+    return f"The console only reads, except for {listed}."
 
 
 def help_rows(page_size: int) -> list[tuple[str, list[tuple[str, str]]]]:

@@ -62,6 +62,9 @@ class ConsoleConfig:
     pending_age: AgeThresholds = field(default_factory=AgeThresholds)
     dedup_window_seconds: float | None = None  # None: the default, 7 days
     trace_url_template: str | None = None  # the detail's link to a trace ({trace_id})
+    # A line under the header, in wordings longest first (the demo says its failures are
+    # deliberate); empty: none.
+    note: tuple[str, ...] = ()
 
 
 class BackgroundTraffic(Protocol):

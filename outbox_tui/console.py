@@ -30,7 +30,13 @@ from engine.storage.secrets import mask_secrets
 from outbox_tui import PROG
 from outbox_tui.app import ConsoleConfig, OutboxConsole, make_app
 from outbox_tui.cli.errors import EXIT_USAGE, exit_status
-from outbox_tui.demo import DEMO_APPS, DEMO_DATABASE_URL, DemoTraffic, prepare_demo_database
+from outbox_tui.demo import (
+    DEMO_APPS,
+    DEMO_DATABASE_URL,
+    DEMO_NOTE,
+    DemoTraffic,
+    prepare_demo_database,
+)
 
 
 async def preflight(database_url: str) -> None:
@@ -79,6 +85,7 @@ def prepare_console(
         trace_url_template=settings.console.trace_url_template,
         autostart_dispatch=demo,
         dedup_window_seconds=settings.dedup_window_seconds,
+        note=DEMO_NOTE if demo else (),
     )
     return make_app(
         config, registry=registry, traffic=traffic, dispatch_settings=settings.dispatcher

@@ -31,6 +31,16 @@ HEAD_START_ORDERS = 40
 # fourth order (over the credit limit) is cancelled, so its key blocks in the first seconds.
 CANCEL_EVERY = 4
 
+# Under the header while the demo runs, longest first: a newcomer sees dead letters and
+# blocked keys climb, and must know at once that the example app fails on purpose.
+DEMO_NOTE = (
+    " demo · failures on purpose: amounts ending in 7 fail twice, then pass; over 900 "
+    "are refused (dead letters), holding back their cancellation (blocked keys)",
+    " demo · failures on purpose: amounts ending in 7 fail twice, then go through; over 900 "
+    "are refused (dead letters)",
+    " demo · on purpose: amounts ending in 7 fail twice; over 900 are dead-lettered",
+)
+
 log = logging.getLogger("outbox_tui.demo")
 
 

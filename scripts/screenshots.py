@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import logging
 import os
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -31,6 +30,7 @@ from tests.console.showcase import (  # noqa: E402 - after the path set-up above
     SIZE,
     FixedClock,
     build_showcase,
+    copy_database,
     showcase_app,
 )
 
@@ -95,7 +95,7 @@ def main() -> int:
         for scene, size, name in shots:
             work = Path(tmp) / name
             work.mkdir()
-            shutil.copy(master / "showcase.db", work / "showcase.db")
+            copy_database(master / "showcase.db", work / "showcase.db")
             os.chdir(work)  # the app opens ./showcase.db: no temporary path in the header
             path = asyncio.run(shoot(scene, out, size, name))
             print(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")

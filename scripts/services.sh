@@ -24,6 +24,10 @@
 
 PGBIN=${PGBIN:-/usr/lib/postgresql/15/bin}
 RMQBIN=${RMQBIN:-/usr/lib/rabbitmq/bin}
+# A broker's Erlang distribution listens on its AMQP port + 20000, so that port must leave
+# room for it under 65536.
+RMQ_DIST_OFFSET=20000
+RMQ_MAX_PORT=$((65535 - RMQ_DIST_OFFSET))
 
 _svc_die() { echo "services.sh: $*" >&2; return 1; }
 
@@ -135,7 +139,7 @@ pg_down() {  # DIR
 # Overrides HOME (where Erlang keeps its cookie): only call inside a ( subshell ).
 _rmq_env() {  # BASE PORT
   export HOME=$1 RABBITMQ_NODENAME=rabbit-$2@localhost RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 \
-    RABBITMQ_NODE_PORT=$2 RABBITMQ_DIST_PORT=$(($2 + 20000)) RABBITMQ_MNESIA_BASE=$1/mnesia \
+    RABBITMQ_NODE_PORT=$2 RABBITMQ_DIST_PORT=$(($2 + RMQ_DIST_OFFSET)) RABBITMQ_MNESIA_BASE=$1/mnesia \
     RABBITMQ_LOG_BASE=$1/log RABBITMQ_PID_FILE=$1/rabbit.pid \
     RABBITMQ_ENABLED_PLUGINS_FILE=$1/enabled_plugins ERL_CRASH_DUMP=$1/erl_crash.dump \
     ERL_EPMD_ADDRESS=127.0.0.1 \
@@ -157,12 +161,23 @@ _rmq_pid() {  # BASE -> pid of the broker started in BASE, if it is alive
 }
 
 rmq_up() {  # BASE PORT -> prints the AMQP URL; idempotent for BASE
-  local base=$1 port=$2 i
+  local base=$1 port=$2 i logs
+  case $port in
+    '' | *[!0-9]*) _svc_die "rmq_up: PORT must be a number, got '$port'"; return 1 ;;
+  esac
+  if [ "$port" -lt 1 ] || [ "$port" -gt "$RMQ_MAX_PORT" ]; then
+    _svc_die "rmq_up: PORT $port is out of range: the broker also listens on PORT+$RMQ_DIST_OFFSET" \
+      "(Erlang distribution), which must stay under 65536; use a port from 1 to $RMQ_MAX_PORT"
+    return 1
+  fi
   _rmq_installed || { _svc_die "RabbitMQ not found in $RMQBIN"; return 1; }
   if ! { _rmq_pid "$base" >/dev/null && _port_open "$port"; }; then
     _rmq_pid "$base" >/dev/null && { _svc_die "a broker in $base is running but not on $port"; return 1; }
     _port_open "$port" && { _svc_die "port $port is already in use"; return 1; }
-    _port_open $((port + 20000)) && { _svc_die "port $((port + 20000)) is already in use"; return 1; }
+    _port_open $((port + RMQ_DIST_OFFSET)) && {
+      _svc_die "port $((port + RMQ_DIST_OFFSET)) (PORT+$RMQ_DIST_OFFSET, Erlang distribution) is already in use"
+      return 1
+    }
     mkdir -p "$base/mnesia" "$base/log"
     [ -f "$base/enabled_plugins" ] || echo '[].' >"$base/enabled_plugins"
     # epmd (port 4369) outlives the broker: remember whether this broker is the one starting it.
@@ -170,7 +185,17 @@ rmq_up() {  # BASE PORT -> prints the AMQP URL; idempotent for BASE
     ( _rmq_env "$base" "$port"; cd "$base"; "$RMQBIN/rabbitmq-server" -detached ) >/dev/null
     # -detached returns before anything listens; the AMQP listener opens last in boot.
     for i in $(seq 900); do _port_open "$port" && break; sleep 0.1; done
-    _port_open "$port" || { tail -n 30 "$base"/log/*.log >&2; return 1; }
+    if ! _port_open "$port"; then
+      logs=$(ls "$base"/log/*.log 2>/dev/null || true)
+      if [ -n "$logs" ]; then
+        # shellcheck disable=SC2086 # one path a line, none with spaces (under BASE/log)
+        tail -n 30 $logs >&2
+        _svc_die "the broker in $base did not open port $port within 90 s (its log is above)"
+      else
+        _svc_die "the broker in $base did not open port $port within 90 s and wrote no log in $base/log"
+      fi
+      return 1
+    fi
   fi
   echo "amqp://guest:guest@127.0.0.1:$port/"
 }

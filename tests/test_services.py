@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import uuid
+from pathlib import Path
 
 import aio_pika
 import asyncpg
@@ -44,3 +47,30 @@ async def test_rabbitmq_confirms_and_returns_a_message(amqp_url: str) -> None:
         await incoming.ack()
         assert incoming.body == body
         assert incoming.message_id == body.hex()
+
+
+SERVICES = Path(__file__).parent.parent / "scripts" / "services.sh"
+
+
+@pytest.mark.parametrize("port", ["56672", "45536", "0", "5672x"])
+def test_rmq_up_refuses_a_port_whose_distribution_port_would_pass_65535(
+    tmp_path: Path, port: str
+) -> None:
+    """Issue 43, defect 8: ``rmq_up DIR 56672`` tried port 76672 for Erlang distribution
+    and failed with only ``tail: cannot open …/log/*.log``. (RMQBIN points nowhere: the
+    port is checked before anything else, so no broker is needed, and none is started.)"""
+    base = tmp_path / "rmq"
+    done = subprocess.run(
+        ["bash", "-c", f'. "{SERVICES}"; rmq_up "{base}" {port}'],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "RMQBIN": str(tmp_path / "no-rabbitmq")},
+        timeout=30,
+    )
+    assert done.returncode == 1
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("services.sh: rmq_up: PORT "), done.stderr
+    if port.isdigit():
+        assert "out of range" in lines[0] and "from 1 to 45535" in lines[0]
+        assert "PORT+20000" in lines[0]
+    assert not base.exists()

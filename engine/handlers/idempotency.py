@@ -9,6 +9,7 @@ system is answered from its recorded response instead of being made again.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -16,10 +17,13 @@ from typing import Any
 
 from sqlalchemy import and_, select
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.sql.dml import Insert
 
 from engine.clock import Clock, utc_now
-from engine.storage.database import begin_promptly, read_only_engine
+from engine.handlers.record_writer import RecordWriter
+from engine.storage.database import read_only_engine
 from engine.storage.payloads import truncate_error
 from engine.storage.schema import handler_runs, side_effects
 
@@ -61,6 +65,7 @@ class IdempotencyStore:
     def __init__(self, engine: AsyncEngine, *, clock: Clock = utc_now) -> None:
         self._engine = engine
         self._clock = clock
+        self._side_effects = RecordWriter(engine, side_effect_upsert, SIDE_EFFECT_COLUMNS)
 
     # -- handler runs -------------------------------------------------------
     async def succeeded_handlers(
@@ -130,43 +135,83 @@ class IdempotencyStore:
         response: Any = None,
         error: str | None = None,
     ) -> None:
-        """Record an effect's outcome in its own transaction, so it outlives a failing handler."""
+        """Record an effect's outcome and return once it is committed."""
+        await self.submit_side_effect(
+            key, succeeded=succeeded, request=request, response=response, error=error
+        )
+
+    def submit_side_effect(
+        self,
+        key: SideEffectKey,
+        *,
+        succeeded: bool,
+        request: Any = None,
+        response: Any = None,
+        error: str | None = None,
+    ) -> asyncio.Future[None]:
+        """Queue an effect's outcome for its commit, apart from the handler's own work so
+        it outlives a failing handler, and group-committed with the other handlers'
+        records (``RecordWriter``); the future is done once it is committed."""
         now: datetime = self._clock()
-        async with begin_promptly(self._engine) as conn:
-            insert = _insert_for(conn)(side_effects)
-            stmt = insert.values(
-                tenant_id=key.tenant_id,
-                actor_id=key.actor_id,
-                event_id=key.event_id,
-                handler_key=key.handler_key,
-                effect_key=key.effect_key,
-                status=SUCCEEDED if succeeded else FAILED,
-                request=request,
-                response=response,
-                last_error=None if error is None else truncate_error(error),
-                attempt_count=1,
-                created_at=now,
-                updated_at=now,
-            )
-            stmt = stmt.on_conflict_do_update(
-                index_elements=[
-                    side_effects.c.tenant_id,
-                    side_effects.c.actor_id,
-                    side_effects.c.event_id,
-                    side_effects.c.handler_key,
-                    side_effects.c.effect_key,
-                ],
-                set_={
-                    "status": stmt.excluded.status,
-                    "request": stmt.excluded.request,
-                    "response": stmt.excluded.response,
-                    "last_error": stmt.excluded.last_error,
-                    "attempt_count": side_effects.c.attempt_count + 1,
-                    "updated_at": stmt.excluded.updated_at,
-                },
-                where=side_effects.c.status != SUCCEEDED,
-            )
-            await conn.execute(stmt)
+        return self._side_effects.submit(
+            {
+                "tenant_id": key.tenant_id,
+                "actor_id": key.actor_id,
+                "event_id": key.event_id,
+                "handler_key": key.handler_key,
+                "effect_key": key.effect_key,
+                "status": SUCCEEDED if succeeded else FAILED,
+                "request": request,
+                "response": response,
+                "last_error": None if error is None else truncate_error(error),
+                "attempt_count": 1,
+                "created_at": now,
+                "updated_at": now,
+            }
+        )
+
+
+SIDE_EFFECT_COLUMNS = (
+    "tenant_id",
+    "actor_id",
+    "event_id",
+    "handler_key",
+    "effect_key",
+    "status",
+    "request",
+    "response",
+    "last_error",
+    "attempt_count",
+    "created_at",
+    "updated_at",
+)
+
+
+def side_effect_upsert(dialect: Dialect) -> Insert:
+    """Insert a side-effect record, or update an earlier failure of the same key (a success
+    is never written over)."""
+    insert: Insert = (postgresql.insert if dialect.name == "postgresql" else sqlite.insert)(
+        side_effects
+    )
+    excluded = insert.excluded  # type: ignore[attr-defined]
+    return insert.on_conflict_do_update(  # type: ignore[attr-defined,no-any-return]
+        index_elements=[
+            side_effects.c.tenant_id,
+            side_effects.c.actor_id,
+            side_effects.c.event_id,
+            side_effects.c.handler_key,
+            side_effects.c.effect_key,
+        ],
+        set_={
+            "status": excluded.status,
+            "request": excluded.request,
+            "response": excluded.response,
+            "last_error": excluded.last_error,
+            "attempt_count": side_effects.c.attempt_count + 1,
+            "updated_at": excluded.updated_at,
+        },
+        where=side_effects.c.status != SUCCEEDED,
+    )
 
 
 def _effect_where(key: SideEffectKey) -> Any:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ from pamqp.common import FieldTable
 
 from engine.errors import BrokerUnavailableError, ConfigurationError
 from engine.inbox.decoding import ReceivedMessage
+from engine.relay.broker import check_amqp_url, quiet_driver_logs
 from engine.storage.secrets import mask_secrets, mask_url
 
 log = logging.getLogger("engine.inbox")
@@ -65,20 +65,6 @@ class Delivery:
 
     tag: int
     message: ReceivedMessage
-
-
-def check_amqp_url(url: str) -> None:
-    """Refuse a URL that is not ``amqp://`` or ``amqps://`` or does not parse, in one line
-    that never shows its password (a configuration error, not an outage)."""
-    if not url.startswith(("amqp://", "amqps://")):
-        # Not echoed: without its scheme (user:pw@host) no mask finds the password.
-        scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", url)
-        got = f"scheme {scheme.group(1)!r}" if scheme else "no scheme"
-        raise ConfigurationError(f"RabbitMQ URL must start with amqp:// or amqps:// (it has {got})")
-    try:
-        _ = make_url(url).port  # parsed now: a bad URL is a configuration error
-    except ValueError as exc:
-        raise ConfigurationError(f"invalid RabbitMQ URL {mask_url(url)!r}: {exc}") from None
 
 
 class Subscription:
@@ -117,6 +103,7 @@ class Subscription:
 
     async def open(self) -> None:
         """Connect, declare and bind as asked, and start consuming."""
+        quiet_driver_logs()  # aiormq's connection-loss tracebacks: one DEBUG line instead
         connection: AbstractConnection = Connection(make_url(self.url))
         try:
             async with asyncio.timeout(self.connect_timeout):

@@ -36,12 +36,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from engine.clock import Clock, utc_now
 from engine.dispatch import default_dispatcher_id
-from engine.errors import (
-    BrokerUnavailableError,
-    ConfigurationError,
-    InstalledAppError,
-    StorageError,
-)
+from engine.errors import BrokerUnavailableError, ConfigurationError, StorageError
 from engine.inbox.broker import Delivery, Subscription
 from engine.inbox.decoding import decode_message
 from engine.inbox.heartbeat import (
@@ -53,7 +48,7 @@ from engine.inbox.heartbeat import (
 from engine.inbox.rows import RowBuilder
 from engine.inbox.writer import InboxWriter, WriteResult
 from engine.running.heartbeat import Heartbeat
-from engine.running.run_loop import STORAGE_ERRORS
+from engine.running.run_loop import STORAGE_ERRORS, await_ready_hooks
 from engine.running.wakeup import CommitNotifier
 from engine.settings import ConsumerSettings, DispatcherSettings
 from engine.storage.database import (
@@ -195,7 +190,7 @@ class InboxConsumer:
         self._on_waiting = on_waiting
         await self._beat(force=True)
         try:
-            await self._ready_hooks()
+            await await_ready_hooks(self.rows.registry)  # as a run loop does, first
             while not shutdown.is_set():
                 if not await self._connected(shutdown):
                     break
@@ -213,18 +208,6 @@ class InboxConsumer:
                 await self._notifier.aclose()
             await self._stop_heartbeat()
         return ConsumerSummary(replace(state.totals), shutdown.is_set(), state.last_error)
-
-    async def _ready_hooks(self) -> None:
-        """The installed apps' start-up hooks (``EventRegistry.on_ready``), as a run loop
-        awaits them: once the database is open, before the first message is taken."""
-        for hook in self.rows.registry.ready_hooks():
-            try:
-                await hook()
-            except Exception as exc:
-                name = getattr(hook, "__qualname__", repr(hook))
-                raise InstalledAppError(
-                    f"the ready hook {name} failed: {type(exc).__name__}: {exc}"
-                ) from exc
 
     # -- the broker ------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, func, insert, select, text
+from sqlalchemy import delete, exists, func, insert, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -243,6 +243,18 @@ async def waiting(engine: AsyncEngine, event_type: str, tenant_id: str | None = 
     async with storage_errors(engine.url), read_only_engine(engine).connect() as conn:
         stmt = waiting_count(event_type, None if stored == ALL_TENANTS else stored)
         return int((await conn.execute(stmt)).scalar_one())
+
+
+async def type_in_outbox(engine: AsyncEngine, event_type: str) -> bool:
+    """Whether the outbox holds any event of ``event_type``, in any status: a type no
+    one has published is likely a typo before a pause.
+
+    No index leads with the type alone, so a type that is absent costs a scan; it runs
+    once per ``pause`` from the command line, never on a dispatcher's path.
+    """
+    async with storage_errors(engine.url), read_only_engine(engine).connect() as conn:
+        stmt = select(exists().where(t.c.event_type == event_type))
+        return bool((await conn.execute(stmt)).scalar_one())
 
 
 def waiting_count(event_type: str, tenant_id: str | None) -> Any:

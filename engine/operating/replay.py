@@ -340,6 +340,12 @@ class DedupCheck:
     def safe(self) -> bool:
         return self.outside == 0
 
+    def assurance(self) -> str | None:
+        """One short line for a confirmation dialog when the replay is safe, else None."""
+        if not self.safe:
+            return None
+        return f"inside the consumers' {_duration(self.window)} dedup window: safe to replay"
+
     def warning(self) -> str | None:
         """One line for a confirmation dialog or the CLI, or None when the replay is safe."""
         if self.safe:

@@ -153,7 +153,7 @@ class BrokerConnection(Generic[T]):
             return self._target
         await self._drop(wait=False)
         if self._quiet:
-            _quiet_driver_logs()
+            quiet_driver_logs()
         # Built by hand rather than with aio_pika.connect(), so that a failed attempt can be
         # closed here (otherwise its __del__ leaves an un-awaited close() coroutine behind).
         connection: AbstractConnection = Connection(make_url(self.url))
@@ -239,7 +239,7 @@ class _DriverNoiseFilter(logging.Filter):
 _NOISE_FILTER = _DriverNoiseFilter()
 
 
-def _quiet_driver_logs() -> None:
+def quiet_driver_logs() -> None:
     logger = logging.getLogger("aiormq.connection")
     if _NOISE_FILTER not in logger.filters:
         logger.addFilter(_NOISE_FILTER)

@@ -53,6 +53,7 @@ from engine.running.wakeup import WakeupListener
 from engine.settings import DispatcherSettings
 from engine.storage.database import translate_storage_error
 from engine.storage.secrets import mask_secrets
+from engine.writing.registry import EventRegistry
 
 log = logging.getLogger("engine.runner")
 
@@ -66,6 +67,19 @@ STORAGE_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 IterationCallback = Callable[[RunSummary, DispatchResult], None]
+
+
+async def await_ready_hooks(registry: EventRegistry) -> None:
+    """The installed apps' start-up hooks (``EventRegistry.on_ready``), in registration
+    order; one that raises ends the run before it starts (``InstalledAppError``)."""
+    for hook in registry.ready_hooks():
+        try:
+            await hook()
+        except Exception as exc:
+            name = getattr(hook, "__qualname__", repr(hook))
+            raise InstalledAppError(
+                f"the ready hook {name} failed: {type(exc).__name__}: {exc}"
+            ) from exc
 
 
 async def run_dispatcher(
@@ -312,14 +326,7 @@ class _RunLoop:
                 await self.heartbeat.beat(self._details(), force=True)
             except STORAGE_ERRORS as exc:
                 self._storage_failed(exc, "heartbeat")
-        for hook in self.dispatcher.registry.ready_hooks():
-            try:
-                await hook()
-            except Exception as exc:
-                name = getattr(hook, "__qualname__", repr(hook))
-                raise InstalledAppError(
-                    f"the ready hook {name} failed: {type(exc).__name__}: {exc}"
-                ) from exc
+        await await_ready_hooks(self.dispatcher.registry)
 
     async def _stop(self) -> None:
         try:

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from engine.dispatch import default_dispatcher_id
 from engine.errors import ConfigurationError
-from engine.inbox.broker import check_amqp_url
 from engine.inbox.consumer import ConsumerOptions, InboxConsumer
+from engine.relay.broker import check_amqp_url
 from engine.service.database import open_database
 from engine.settings import OutboxSettings
 from engine.storage.secrets import mask_url

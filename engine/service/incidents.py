@@ -31,7 +31,15 @@ from engine.operating.error_groups import (
     error_groups,
     group_members,
 )
-from engine.operating.pauses import Pause, PausedBacklog, pause, paused_backlog, resume, waiting
+from engine.operating.pauses import (
+    Pause,
+    PausedBacklog,
+    pause,
+    paused_backlog,
+    resume,
+    type_in_outbox,
+    waiting,
+)
 from engine.operating.replay import (
     DEFAULT_DEDUP_WINDOW,
     DedupCheck,
@@ -117,6 +125,11 @@ async def resume_type(
 ) -> Pause:
     """End exactly this pause; ``PauseError`` when it is not paused."""
     return await resume(engine, event_type, tenant_id, reason=reason, operator=operator)
+
+
+async def event_type_seen(engine: AsyncEngine, event_type: str) -> bool:
+    """Whether any event of the type is in the outbox (a pause's check against typos)."""
+    return await type_in_outbox(engine, event_type)
 
 
 async def waiting_of_type(engine: AsyncEngine, event_type: str, tenant_id: str | None) -> int:

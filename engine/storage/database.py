@@ -4,18 +4,13 @@ SQLite notes: WAL lets readers (the console) run beside one writer; a busy
 timeout makes a second writer wait instead of failing with "database is
 locked"; and write transactions begin IMMEDIATE so a transaction that read
 first can never fail to upgrade to a writer halfway through. Read-only callers
-ask for deferred transactions with ``read_only_engine``. A write that must land as soon
-as the lock is free (a side effect's record, after the external call) polls for it every
-millisecond with ``begin_promptly`` instead of SQLite's busy handler, whose sleeps grow
-to 100 ms.
+ask for deferred transactions with ``read_only_engine``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import re
 import sqlite3
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -27,13 +22,13 @@ from sqlalchemy.exc import (
     ArgumentError,
     DBAPIError,
     NoSuchModuleError,
-    OperationalError,
     SQLAlchemyError,
 )
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.util import await_only
 
 from engine.errors import (
+    DatabaseAuthenticationError,
     DatabaseUnavailableError,
     DatabaseUrlError,
     SchemaMissingError,
@@ -57,7 +52,6 @@ _BUSY_TIMEOUT_OPTION = "outbox_busy_timeout"
 # pause that a stop cuts short, so a SIGTERM is obeyed within seconds even while another
 # process holds the lock for minutes (SQLite's own wait cannot be interrupted).
 DISPATCHER_BUSY_TIMEOUT_SECONDS = 5.0
-_PROMPT_POLL_SECONDS = 0.001
 _ASYNC_DRIVERS = {
     "sqlite": "sqlite+aiosqlite",
     "postgresql": "postgresql+asyncpg",
@@ -190,7 +184,7 @@ def _tune_sqlite(engine: AsyncEngine) -> None:
         if options.get(_READ_ONLY_OPTION):
             mode, wait = "DEFERRED", None
         else:
-            # A bounded wait for the write lock; 0: fail at once (begin_promptly polls).
+            # A bounded wait for the write lock.
             mode, wait = "IMMEDIATE", options.get(_BUSY_TIMEOUT_OPTION)
         driver: OneTripConnection = connection.connection.driver_connection
         try:
@@ -199,44 +193,6 @@ def _tune_sqlite(engine: AsyncEngine) -> None:
             raise DBAPIError.instance(
                 f"BEGIN {mode}", None, exc, sqlite3.Error, dialect=connection.dialect
             ) from exc
-
-
-@asynccontextmanager
-async def begin_promptly(
-    engine: AsyncEngine, *, wait_seconds: float = SQLITE_BUSY_TIMEOUT_SECONDS
-) -> AsyncIterator[AsyncConnection]:
-    """``engine.begin()`` that takes SQLite's write lock within a millisecond of its release.
-
-    SQLite's busy handler sleeps 1, 2, 5 ... up to 100 ms between tries, so a waiting
-    writer can sleep on through a free lock while other writers take it. Where every
-    millisecond of waiting is a risk (a side effect has happened and its record is not
-    yet written), this polls instead, for at most the usual busy timeout. PostgreSQL has
-    no such wait: there it is ``engine.begin()``. ``wait_seconds`` bounds the polling.
-    """
-    if engine.dialect.name != "sqlite":
-        async with engine.begin() as conn:
-            yield conn
-        return
-    prompt = waiting_at_most(engine, 0)
-    deadline = time.monotonic() + wait_seconds
-    while True:
-        conn = await prompt.connect()
-        try:
-            await conn.begin()
-            break
-        except OperationalError as exc:
-            await conn.close()
-            if "locked" not in str(exc.orig) or time.monotonic() >= deadline:
-                raise
-        await asyncio.sleep(_PROMPT_POLL_SECONDS)
-    try:
-        yield conn
-        await conn.commit()
-    except BaseException:
-        await conn.rollback()
-        raise
-    finally:
-        await conn.close()
 
 
 def is_postgresql(engine: AsyncEngine) -> bool:
@@ -256,8 +212,12 @@ def translate_storage_error(exc: BaseException, url: str | URL | None = None) ->
         return SchemaMissingError(
             f"the outbox tables are missing ({first}); create them with `{INIT_DB}`"
         )
+    where = f" at {mask_url(url)}" if url is not None else ""
+    if _is_authentication_error(exc):
+        return DatabaseAuthenticationError(
+            f"the database refused the login{where}: {first} (check the user name and password)"
+        )
     if isinstance(exc, (OSError, ConnectionError, TimeoutError)) or _is_connection_error(exc):
-        where = f" at {mask_url(url)}" if url is not None else ""
         return DatabaseUnavailableError(f"cannot reach the database{where}: {first}")
     if "readonly database" in first:  # SQLite: WAL writes beside the file, even to read
         return StorageError(
@@ -268,6 +228,21 @@ def translate_storage_error(exc: BaseException, url: str | URL | None = None) ->
 
 
 _UNKNOWN_CONNECT_ARGUMENT = re.compile(r"connect\(\) got an unexpected keyword argument '(\w+)'")
+
+
+# PostgreSQL's SQLSTATEs for a refused login: invalid_password, and
+# invalid_authorization_specification (no such role, or pg_hba.conf rejects it).
+_AUTHENTICATION_SQLSTATES = ("28P01", "28000")
+
+
+def _is_authentication_error(exc: BaseException) -> bool:
+    """The server answered, and refused the credentials (not: it could not be reached)."""
+    orig = getattr(exc, "orig", None)
+    code = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+    if code in _AUTHENTICATION_SQLSTATES:
+        return True
+    text_ = str(exc).lower()
+    return "password authentication failed" in text_ or "no pg_hba.conf entry" in text_
 
 
 def _is_connection_error(exc: BaseException) -> bool:
@@ -283,7 +258,6 @@ def _is_connection_error(exc: BaseException) -> bool:
             "could not connect",
             "connection was closed",
             "connection is closed",
-            "password authentication failed",
             "does not exist",
             "name or service not known",
             "timeout",

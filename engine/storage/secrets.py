@@ -1,7 +1,8 @@
 """Passwords out of text: URLs masked for display, secrets removed from messages.
 
 Every line the engine, the CLI and the console show may hold a database or broker URL,
-or a driver's message echoing a password; these functions mask them.
+or a driver's message echoing a password; these functions mask them. Only the password
+goes: ``postgresql+asyncpg://fv:fv@host/fv`` shows as ``postgresql+asyncpg://fv:***@host/fv``.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ _RAW_PASSWORD = re.compile(r"://[^:/@\s\"'<>]*:([^\s\"'<>]+)@")
 _QUERY_PASSWORD = re.compile(r"([?&](?:password|passwd|pwd|pass)=)[^&\s'\"]*", re.IGNORECASE)
 # A bare password is masked only where no word, dash or dot touches it.
 _EDGE = r"[\w.-]"
+# A URL in running text (kept whole by the split: the capture group).
+_URL_TOKEN = re.compile(r"(\b[a-zA-Z][\w+.-]*://[^\s\"'<>]*)")
 
 
 def mask_secrets(message: str, *urls: str | URL) -> str:
@@ -50,9 +53,17 @@ def mask_secrets(message: str, *urls: str | URL) -> str:
     common password ("postgres") cannot mangle words like "postgresql".
     """
     message = _QUERY_PASSWORD.sub(r"\1***", _URL_CREDENTIALS.sub(r"\1***@", message))
-    for secret in sorted(_password_spellings(urls), key=len, reverse=True):
-        message = re.sub(rf"(?<!{_EDGE}){re.escape(secret)}(?!{_EDGE})", "***", message)
-    return message
+    secrets = sorted(_password_spellings(urls), key=len, reverse=True)
+    if not secrets:
+        return message
+    # Inside a URL only its password is a secret, and that is masked above: a user or a
+    # database named like the password ("fv:fv@host/fv") stays readable.
+    pieces = _URL_TOKEN.split(message)
+    for index in range(0, len(pieces), 2):  # the text between URLs
+        for secret in secrets:
+            pattern = rf"(?<!{_EDGE}){re.escape(secret)}(?!{_EDGE})"
+            pieces[index] = re.sub(pattern, "***", pieces[index])
+    return "".join(pieces)
 
 
 def _password_spellings(urls: tuple[str | URL, ...]) -> set[str]:

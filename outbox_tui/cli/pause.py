@@ -11,9 +11,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from sqlalchemy.ext.asyncio import AsyncEngine
+
 from engine.operating.pauses import Pause, describe_scope
 from engine.operating.replay import default_operator
-from engine.service import open_database, pause_type, resume_type
+from engine.service import event_type_seen, open_database, pause_type, resume_type
 from outbox_tui import PROG, output
 from outbox_tui.cli.errors import EXIT_OK, UsageError
 from outbox_tui.cli.options import Invocation, add_json, subparser
@@ -34,6 +36,12 @@ def register(sub: Any) -> None:
     _add_scope(pause, "pause")
     pause.add_argument(
         "--reason", metavar="TEXT", required=True, help="why (required; stored in the audit log)"
+    )
+    pause.add_argument(
+        "--force",
+        action="store_true",
+        help="pause a type that no installed app registers and no event in the outbox has "
+        "(refused otherwise: likely a typo)",
     )
     pause.set_defaults(run=pause_command)
     resume = subparser(
@@ -75,6 +83,8 @@ async def pause_command(inv: Invocation) -> int:
     if not args.reason.strip():
         raise UsageError("--reason must not be empty: the next operator needs to know why")
     async with open_database(inv.database_url, "command") as engine:
+        if not args.force:
+            await _refuse_unknown(inv, engine, args.event_type)
         held = await pause_type(
             engine,
             args.event_type,
@@ -87,12 +97,33 @@ async def pause_command(inv: Invocation) -> int:
     return EXIT_OK
 
 
+async def _refuse_unknown(inv: Invocation, engine: AsyncEngine, event_type: str) -> None:
+    """A type neither registered by the installed apps nor in the outbox is a typo until
+    ``--force`` says otherwise: pausing it would hold nothing and exit 0."""
+    if _registered(inv, event_type) or await event_type_seen(engine, event_type):
+        return
+    if inv.registry is not None:
+        why, fix = "no installed app registers it and ", "add --force"
+    else:
+        why, fix = "", "name its app with --installed-app, or add --force"
+    raise UsageError(
+        f"refusing to pause {event_type!r}: {why}the outbox holds no event of that type "
+        f"(a typo?); {fix} to pause it anyway"
+    )
+
+
+def _registered(inv: Invocation, event_type: str) -> bool:
+    if inv.registry is None:
+        return False
+    return event_type in {name for name, _version in inv.registry.event_types()}
+
+
 def _note_if_unknown(inv: Invocation, event_type: str) -> None:
     """A typo pauses nothing: say so when the installed apps do not register the type (the
     pause holds all the same: a dispatcher of another service may serve it)."""
     if inv.registry is None:
         return
-    if event_type not in {name for name, _version in inv.registry.event_types()}:
+    if not _registered(inv, event_type):
         inv.out.note(
             f"note: the installed apps register no event type {event_type!r}; check the "
             "name (the pause holds for any dispatcher that serves it)"

@@ -9,8 +9,7 @@ from typing import Any
 from rich.live import Live
 from rich.text import Text
 
-from outbox_tui.output.run import RunClock
-from outbox_tui.output.tables import counters_table
+from outbox_tui.output.run import RunClock, write_summary
 from outbox_tui.output.values import age, rate, seconds
 from outbox_tui.output.writer import Output
 
@@ -107,19 +106,9 @@ class ConsumeReporter:
 
     def finished(self, summary: Mapping[str, Any], instance_id: str) -> None:
         self.stop()
-        elapsed = self.clock.elapsed
-        record = {
-            "event": "summary",
-            **summary,
-            "instance_id": instance_id,
-            "elapsed_seconds": seconds(elapsed),
-            "rate_per_second": rate(int(summary.get("acked", 0)), elapsed),
-        }
-        if self.out.json_mode:
-            self.out.json(record)
-        else:
-            shown = {k: v for k, v in record.items() if k != "event"}
-            self.out.console.print(counters_table("consume run summary", shown))
+        write_summary(
+            self.out, "consume run summary", summary, instance_id, self.clock.elapsed, "acked"
+        )
 
     def stop(self) -> None:
         if self._live is not None:

@@ -106,24 +106,38 @@ class RunReporter:
 
     def finished(self, totals: Mapping[str, Any], instance_id: str) -> None:
         self.stop()
-        elapsed = self.clock.elapsed
-        record = {
-            "event": "summary",
-            **totals,
-            "instance_id": instance_id,
-            "elapsed_seconds": seconds(elapsed),
-            "rate_per_second": rate(int(totals.get("published", 0)), elapsed),
-        }
-        if self.out.json_mode:
-            self.out.json(record)
-        else:
-            shown = {k: v for k, v in record.items() if k != "event"}
-            self.out.console.print(counters_table("dispatch run summary", shown))
+        write_summary(
+            self.out, "dispatch run summary", totals, instance_id, self.clock.elapsed, "published"
+        )
 
     def stop(self) -> None:
         if self._live is not None:
             self._live.stop()
             self._live = None
+
+
+def write_summary(
+    out: Output,
+    title: str,
+    totals: Mapping[str, Any],
+    instance_id: str,
+    elapsed: float,
+    rate_of: str,
+) -> None:
+    """A run's last word: its totals, id, time and the rate of ``rate_of`` per second, as
+    the ``summary`` JSON line or a table titled ``title``."""
+    record = {
+        "event": "summary",
+        **totals,
+        "instance_id": instance_id,
+        "elapsed_seconds": seconds(elapsed),
+        "rate_per_second": rate(int(totals.get(rate_of, 0)), elapsed),
+    }
+    if out.json_mode:
+        out.json(record)
+    else:
+        shown = {k: v for k, v in record.items() if k != "event"}
+        out.console.print(counters_table(title, shown))
 
 
 def _work_totals(totals: Mapping[str, Any]) -> dict[str, Any]:

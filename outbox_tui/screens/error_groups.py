@@ -51,7 +51,7 @@ class GroupsLoaded(Message):
 class GroupReplayPrepared(Message):
     fingerprint: str
     plan: ReplayPlan
-    warning: str | None
+    warning: Text | None
 
 
 @dataclass

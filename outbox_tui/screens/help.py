@@ -10,7 +10,9 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
-from outbox_tui.actions import help_rows
+from outbox_tui.actions import help_rows, what_changes
+
+PAGE = 10  # lines a pagedown or pageup moves the help
 
 
 def keys_table(page_size: int = 100) -> Table:
@@ -34,6 +36,19 @@ class HelpScreen(ModalScreen[None]):
         Binding("escape", "close", "Close"),
         Binding("question_mark", "close", "Close", show=False),
         Binding("q", "close", "Close", show=False),
+        # Every press moves at once (no animation): an animated scroll aims from where
+        # the box is drawn, so a burst of downs moved it one line.
+        *(
+            Binding(key, f"scroll({lines})", show=False, priority=True)
+            for key, lines in (
+                ("down", 1),
+                ("up", -1),
+                ("pagedown", PAGE),
+                ("pageup", -PAGE),
+                ("end", 10_000),
+                ("home", -10_000),
+            )
+        ),
     ]
 
     def __init__(self, page_size: int = 100) -> None:
@@ -47,13 +62,13 @@ class HelpScreen(ModalScreen[None]):
             yield Label("Keys", classes="dialog-title")
             yield Static(keys_table(self.page_size), id="help-keys")
             yield Static(
-                Text(
-                    "Rows change status on the next refresh. The console only reads, except "
-                    "for replays, skips and its own dispatcher.",
-                    style="#8a8a8a",
-                ),
+                Text(f"Rows change status on the next refresh. {what_changes()}", style="#8a8a8a"),
                 id="help-footnote",
             )
+
+    def action_scroll(self, lines: int) -> None:
+        box = self.query_one("#help-dialog", VerticalScroll)
+        box.scroll_to(y=box.scroll_y + lines, animate=False, immediate=True)
 
     def action_close(self) -> None:
         self.dismiss(None)

@@ -35,10 +35,13 @@ if TYPE_CHECKING:
     from outbox_tui.app import OutboxConsole
 
 WARNING_STYLE = "bold #ffaf5f"
+SAFE_STYLE = "#87d787"
+PAUSE_NEEDS_A_REASON = "a pause needs a reason. Type it, then enter."
 
 
-async def dedup_line(console: OutboxConsole, ids: Sequence[str]) -> str | None:
-    """The dedup-window warning for a replay of ``ids``, or None when it is safe.
+async def dedup_line(console: OutboxConsole, ids: Sequence[str]) -> Text:
+    """The dedup-window line for a replay of ``ids``: the warning when some are older
+    than the window, else one short line that says the replay is safe for it.
 
     The window is the configured one, and "now" is the console's clock.
     """
@@ -48,14 +51,17 @@ async def dedup_line(console: OutboxConsole, ids: Sequence[str]) -> str | None:
         window_seconds=console.config.dedup_window_seconds,
         now=console.clock(),
     )
-    return check.warning()
+    warning = check.warning()
+    if warning is not None:
+        return Text("⚠ " + warning, style=WARNING_STYLE)
+    return Text("✓ " + (check.assurance() or ""), style=SAFE_STYLE)
 
 
-def with_warning(body: Text, warning: str | None) -> Text:
-    """A replay dialog's body with the dedup-window warning under it, when there is one."""
-    if warning is None:
+def with_warning(body: Text, line: Text | None) -> Text:
+    """A replay dialog's body with its dedup-window line under it, when there is one."""
+    if line is None:
         return body
-    return Text.assemble(body, "\n\n", ("⚠ " + warning, WARNING_STYLE))
+    return Text.assemble(body, "\n\n", line)
 
 
 @dataclass
@@ -156,6 +162,7 @@ class IncidentActions(ScreenPart):
                 ask_reason=True,
                 reason_placeholder="why (kept in the pause audit log)",
                 reason_label="Reason (optional)" if resuming else "Reason (required)",
+                reason_needed=None if resuming else PAUSE_NEEDS_A_REASON,
             ),
             lambda decision: self._pause_decided(decision, message),
         )
@@ -163,13 +170,6 @@ class IncidentActions(ScreenPart):
     def _pause_decided(self, decision: Confirmation | None, message: PausePrepared) -> None:
         if decision is None:
             self.say("Nothing changed.", timeout=3)
-            return
-        if message.held is None and decision.reason is None:
-            self.say(
-                "A pause needs a reason: the next operator needs to know why.",
-                title="Not paused",
-                severity="warning",
-            )
             return
         self._pause(message, decision.reason)
 

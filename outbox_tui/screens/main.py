@@ -50,6 +50,7 @@ from outbox_tui.widgets.dispatchers import DispatchersPanel
 from outbox_tui.widgets.event_detail import EventDetailPane
 from outbox_tui.widgets.footer import ConsoleFooter
 from outbox_tui.widgets.format import one_line, timestamp
+from outbox_tui.widgets.note_line import NoteLine
 from outbox_tui.widgets.overview import OverviewPanel
 from outbox_tui.widgets.status_bar import StatusBar
 from outbox_tui.widgets.trend import TrendView
@@ -106,6 +107,7 @@ class MainScreen(DetailHost):
     def compose(self) -> ComposeResult:
         config = self.console.config
         yield StatusBar(self.console.display_url, config.refresh_seconds, id="status-bar")
+        yield NoteLine(config.note, id="note")
         yield Static("", id="banner")
         yield OverviewPanel(config.pending_age, id="overview")
         yield DispatchersPanel(id="dispatchers")

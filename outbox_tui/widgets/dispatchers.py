@@ -34,7 +34,7 @@ COLUMNS = (
     ("claimed", "claimed"),
     ("published", "published"),
     ("failed", "failed"),
-    ("dead", "dead letter"),
+    ("dead", "dead-lettered"),
     ("serves", "serves"),
 )
 # Below 110 columns: who, whether alive, and what they delivered; totals abbreviated.
@@ -204,7 +204,10 @@ class DispatchersPanel(Vertical):
         self._update_note()
         heartbeats = [hb for hb in heartbeats if not hb.is_consumer]  # the inbox's have a panel
         alive = sum(1 for hb in heartbeats if hb.state == "alive")
-        self.border_title = Content(f"Dispatchers · {alive} alive of {len(heartbeats)}")
+        # The counts are each run's totals (the tiles count rows now): said in the title.
+        self.border_title = Content(
+            f"Dispatchers · {alive} alive of {len(heartbeats)} · totals since each started"
+        )
         self._heartbeats, self._unserved = heartbeats, unserved
         self._show_unserved()
         self._fill()

@@ -1,10 +1,17 @@
-"""The event list: one page of a keyset query, newest first, cursor kept across refreshes."""
+"""The event list: one page of a keyset query, newest first, cursor kept across refreshes.
+
+Its columns are planned for its width (``plan_columns``): in order of importance, as
+many as fit whole, the last one (the error) taking the room left when that is enough
+for it; the others are left out, so a narrow terminal never shows a cut header ("te"
+for tenant). Widening or narrowing the terminal plans them again.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
 
+from rich.cells import cell_len
 from rich.style import Style
 from rich.text import Text
 from textual.binding import Binding
@@ -47,6 +54,40 @@ DEAD_LETTER_COLUMNS = (
 )
 
 
+ELASTIC = ("error", "reason")  # the last column: its text is cut to the room left
+ELASTIC_MIN = 20  # cells the error needs to be worth showing
+PADDING = 2  # DataTable's cell padding, one cell each side
+SCROLLBAR = 2  # the vertical scrollbar beside the rows (Textual's default size)
+
+
+def plan_columns(
+    columns: Sequence[tuple[str, str]], rows: Sequence[Sequence[Text | str]], width: int
+) -> tuple[tuple[str, ...], int]:
+    """The keys of the columns that fit ``width`` whole, in order, and the room the last
+    (elastic) column gets. ``rows`` hold every column's cell; a column is as wide as its
+    label or its widest cell. The first column that does not fit ends the plan."""
+    room = width - SCROLLBAR
+    chosen: list[str] = []
+    used = 0
+    for index, (key, label) in enumerate(columns):
+        if key in ELASTIC:
+            left = room - used - PADDING
+            if left >= max(len(label), ELASTIC_MIN):
+                chosen.append(key)
+                return tuple(chosen), left
+            break
+        wide = max([cell_len(label)] + [_cell_width(row[index]) for row in rows]) + PADDING
+        if used + wide > room and chosen:
+            break
+        chosen.append(key)
+        used += wide
+    return tuple(chosen), 0
+
+
+def _cell_width(cell: Text | str) -> int:
+    return cell_len(cell.plain if isinstance(cell, Text) else cell)
+
+
 class EventTable(LiteralTable[Text | str]):
     """Rows keyed by event id; ``enter`` asks for the detail of the highlighted one."""
 
@@ -65,6 +106,9 @@ class EventTable(LiteralTable[Text | str]):
         self._lines: LRUCache[tuple[object, ...], tuple[tuple[object, ...], Strip]]
         self._lines = LRUCache(512)
         self.top_on_next_page = False  # the next new page opens with its first row highlighted
+        self.planned: tuple[str, ...] = ()  # the keys of the columns shown
+        self._elastic_room = 0
+        self._last: tuple[str, Sequence[EventSummary], datetime] | None = None
 
     @property
     def events(self) -> list[EventSummary]:
@@ -95,12 +139,19 @@ class EventTable(LiteralTable[Text | str]):
         following = follow_head and self.cursor_row == 0
         keep = current.id if current and not following else None
         row_before, offset = self.cursor_row, self.cursor_row - round(self.scroll_y)
-        if mode != self.mode:
+        self._last = (mode, events, now)
+        columns = DEAD_LETTER_COLUMNS if mode == "dead_letters" else EVENT_COLUMNS
+        full = [self._cells(e, now, mode=mode) for e in events]
+        planned, self._elastic_room = plan_columns(columns, full, self.size.width or 10_000)
+        if mode != self.mode or planned != self.planned:
             self.clear(columns=True)
-            for key, label in DEAD_LETTER_COLUMNS if mode == "dead_letters" else EVENT_COLUMNS:
-                self.add_column(label, key=key)
-            self.mode = mode
-            keep, row_before, offset = None, 0, 0
+            for key, label in columns:
+                if key in planned:
+                    self.add_column(label, key=key)
+            if mode != self.mode:
+                keep, row_before, offset = None, 0, 0
+            self.mode, self.planned = mode, planned
+            self._cells_shown = {}
         elif [e.id for e in events] == list(self._events):
             # The same rows (a refresh of an unchanged page): update in place, no jump, and
             # only the cells that changed: each update makes the table draw its rows again.
@@ -173,11 +224,30 @@ class EventTable(LiteralTable[Text | str]):
         self._lines[key] = (cells, strip)
         return strip
 
-    def _cells(self, e: EventSummary, now: datetime) -> list[Text | str]:
+    def on_resize(self) -> None:
+        """Plan the columns again for the new width (the rows stay as they are)."""
+        if self._last is not None:
+            self.show(*self._last, follow_head=False)
+
+    def _cells(
+        self, e: EventSummary, now: datetime, *, mode: str | None = None
+    ) -> list[Text | str]:
+        """The planned columns' cells (every column's, given the ``mode`` to plan)."""
+        cells = self._all_cells(e, now, mode or self.mode)
+        if mode is not None:
+            return cells
+        columns = DEAD_LETTER_COLUMNS if self.mode == "dead_letters" else EVENT_COLUMNS
+        return [c for (key, _label), c in zip(columns, cells, strict=True) if key in self.planned]
+
+    def _elastic(self, text: str | None, wide: int) -> str:
+        """The error's text: the room the plan left it, or (before a plan) ``wide``."""
+        return one_line(text, self._elastic_room or wide)
+
+    def _all_cells(self, e: EventSummary, now: datetime, mode: str) -> list[Text | str]:
         kind = f"{e.event_type} v{e.event_version}"
         aggregate = one_line(f"{e.aggregate_type}:{e.aggregate_id}", 26)
         attempts = f"{e.attempt_count}/{e.max_attempts}"
-        if self.mode == "dead_letters":
+        if mode == "dead_letters":
             return [
                 Text(short_id(e.id), style=MUTED_STYLE),
                 kind,
@@ -186,7 +256,7 @@ class EventTable(LiteralTable[Text | str]):
                 str(e.replay_count) if e.replay_count else "—",
                 e.tenant_id,
                 aggregate,
-                one_line(e.dead_letter_reason, max(40, self.size.width - 70)),
+                self._elastic(e.dead_letter_reason, max(40, self.size.width - 70)),
             ]
         retry: Text | str = "—"
         if e.status == "failed" and e.next_retry_at is not None:
@@ -204,7 +274,7 @@ class EventTable(LiteralTable[Text | str]):
             e.tenant_id,
             aggregate,
             # Wide terminals give the error the room the other columns leave.
-            Text(one_line(e.last_error, max(40, self.size.width - 100)), style=MUTED_STYLE),
+            Text(self._elastic(e.last_error, max(40, self.size.width - 100)), style=MUTED_STYLE),
         ]
 
 

@@ -8,12 +8,15 @@ the focus only once it has bubbled up to the screen's binding, by which time the
 field has taken the letters after it: "failed⇥orders.placed" typed quickly put both
 words in the status field.
 
-So here ``tab`` moves the focus as soon as the field handles it, and a key (or a
-paste) that reaches the field after the focus left it goes on to the widget that has
-the focus by then.
+So here ``tab`` moves the focus as soon as the field handles it (and ``enter`` too,
+in a field made with ``enter_moves_on``: a dialog's reason, after which come the
+buttons), and a key (or a paste) that reaches the field after the focus left it goes
+on to the widget that has the focus by then.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from textual import events
 from textual.widgets import Input
@@ -21,6 +24,10 @@ from textual.widgets import Input
 
 class TextField(Input):
     """An ``Input`` whose tab moves on in order, and that passes on what came after it."""
+
+    def __init__(self, *args: Any, enter_moves_on: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.enter_moves_on = enter_moves_on
 
     def _moved_on(self) -> bool:
         focused = self.screen.focused
@@ -32,10 +39,10 @@ class TextField(Input):
             event.prevent_default()
             self._pass_on(events.Key(event.key, event.character))
             return
-        if event.key in ("tab", "shift+tab"):
+        if event.key in ("tab", "shift+tab") or (event.key == "enter" and self.enter_moves_on):
             event.stop()
             event.prevent_default()
-            if event.key == "tab":
+            if event.key != "shift+tab":
                 self.screen.focus_next()
             else:
                 self.screen.focus_previous()

@@ -8,7 +8,10 @@
 - ``TrendsPanel``: a box with the verdict and one labelled row per series and its
   latest value, for wide and tall terminals.
 
-Numbers are never cut: a series that does not fit is left out, whole.
+Beside the published and arriving sparklines stand the verdict's own rates (averages
+over its window, which the panel's title names), not the last interval's: the rate
+the verdict quotes is the one on the screen. Numbers are never cut: a series that
+does not fit is left out, whole.
 """
 
 from __future__ import annotations
@@ -19,7 +22,16 @@ from dataclasses import dataclass
 from rich.text import Text
 from textual.widgets import Static
 
-from engine.operating.trends import DRAINING, GROWING, HELD, MEASURING, STALLED, Trends, Verdict
+from engine.operating.trends import (
+    DRAINING,
+    GROWING,
+    HELD,
+    MEASURING,
+    STALLED,
+    Trends,
+    Verdict,
+    rate_text,
+)
 from outbox_tui.widgets.format import compact, duration
 
 BLOCKS = "▁▂▃▄▅▆▇█"
@@ -60,15 +72,8 @@ def one_row_sparkline(
 
 
 def rate(per_second: float | None) -> str:
-    """``120/s``, ``2.5/s``, ``30/min`` below one a second; an em dash when unknown."""
-    if per_second is None:
-        return "—"
-    size = abs(per_second)
-    if size >= 10:
-        return f"{compact(round(size))}/s"
-    if size >= 1:
-        return f"{size:.1f}/s"
-    return f"{size * 60:.0f}/min"
+    """As the verdict writes a rate (``120/s``, ``2.5/s``, ``30/min``); a dash when unknown."""
+    return "—" if per_second is None else rate_text(per_second)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +108,21 @@ class TrendView:
     def latest(self, series: Sequence[float | None]) -> float | None:
         return series[-1] if series else None
 
+    @property
+    def published(self) -> str:
+        """The published rate the verdict judged on (its window's average)."""
+        return rate(self.verdict.published_rate)
+
+    @property
+    def arriving(self) -> str:
+        return rate(self.verdict.arriving_rate)
+
+    def title(self) -> str:
+        """The panel's title: what one block is, and what the rates average over."""
+        span = self.verdict.span_seconds
+        over = f" · rates over the last {duration(round(span))}" if span >= 1 else ""
+        return f"trend · one sample per refresh{over}"
+
 
 def _peak(*series: Sequence[float | None]) -> float:
     return max((v for s in series for v in s if v is not None), default=0.0)
@@ -123,7 +143,7 @@ def trend_line(view: TrendView, width: int) -> Text:
         (
             "out/in ",
             [(view.drain, OUT_COLOUR), (view.inflow, IN_COLOUR)],
-            f" {rate(view.latest(view.drain))} / {rate(view.latest(view.inflow))}",
+            f" {view.published} / {view.arriving}",
         ),
     ]
     gap = "  ·  "
@@ -188,8 +208,8 @@ def trend_rows(view: TrendView, width: int) -> Text:
     series: tuple[tuple[Sequence[float | None], float | None, str], ...] = (
         (view.backlog, None, compact(_int(view.latest(view.backlog)))),
         (view.oldest_age, None, duration(view.latest(view.oldest_age))),
-        (view.drain, flow_peak, rate(view.latest(view.drain))),
-        (view.inflow, flow_peak, rate(view.latest(view.inflow))),
+        (view.drain, flow_peak, view.published),
+        (view.inflow, flow_peak, view.arriving),
     )
     lines = [view.verdict_text()]
     for (label, colour), (values, peak, latest) in zip(ROWS, series, strict=True):
@@ -211,6 +231,7 @@ class TrendsPanel(Static):
 
     def show(self, view: TrendView) -> None:
         self.view = view
+        self.border_title = view.title()
         self.refresh()
 
     def render(self) -> Text:

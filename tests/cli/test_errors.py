@@ -245,7 +245,11 @@ async def test_passwords_are_never_printed(cli: Cli, pg_url: str) -> None:
     bad_login = cli(
         "dead-letter", "list", "--database-url", url.set(password=wrong).render_as_string(False)
     )
-    bad_login.assert_one_error_line("password authentication failed", status=1)
+    # Issue 43, defect 7: a wrong password is a refused login, not an unreachable server.
+    bad_login.assert_one_error_line(
+        "the database refused the login", "password authentication failed", status=1
+    )
+    assert "cannot reach" not in bad_login.output
     assert wrong not in bad_login.output
 
 

@@ -9,7 +9,7 @@ from sqlalchemy import select, update
 
 from engine import create_engine
 from engine.clock import utc_now
-from engine.operating.pauses import pause_history
+from engine.operating.pauses import pause_history, paused_backlog
 from engine.storage.schema import DEAD_LETTER, PENDING, outbox_events
 from tests.cli.conftest import APP, Cli, sqlite_only, status_counts
 
@@ -211,16 +211,42 @@ async def test_a_group_replay_checks_the_dedup_window_too(cli: Cli, dead_letters
 # -- pause and resume ------------------------------------------------------------------
 
 
-async def test_pausing_a_type_no_installed_app_registers_notes_the_likely_typo(
+async def _pauses(url: str) -> list[str]:
+    engine = create_engine(url)
+    try:
+        return [h.pause.event_type for h in await paused_backlog(engine)]
+    finally:
+        await engine.dispose()
+
+
+async def test_pausing_a_type_no_one_publishes_is_refused_unless_forced(
     cli: Cli, orders_url: str
 ) -> None:
+    """Issue 43, defect 3: ``pause --event-type no.such.type --reason x --yes`` paused a
+    type that neither the installed apps register nor the outbox holds, and exited 0."""
     env = _env(orders_url)
+    typo = cli("pause", "--event-type", "no.such.type", "--reason", "x", "--yes", env=env)
+    typo.assert_one_error_line(
+        "refusing to pause 'no.such.type'", "the outbox holds no event of that type", status=2
+    )
+    assert "--force" in typo.stderr
     args = ("--reason", "typo?", "--yes", "--installed-app", APP)
-    typo = cli("pause", "--event-type", "orders.plcaed", *args, env=env)
-    assert typo.returncode == 0, typo  # held anyway: another service may serve it
-    assert "register no event type 'orders.plcaed'; check the name" in typo.stderr
+    registered = cli("pause", "--event-type", "orders.plcaed", *args, env=env)
+    registered.assert_one_error_line("no installed app registers it", status=2)
+    assert await _pauses(orders_url) == []
+    forced = cli("pause", "--event-type", "orders.plcaed", *args, "--force", env=env)
+    assert forced.returncode == 0, forced  # held: a dispatcher of another service may serve it
+    assert "register no event type 'orders.plcaed'; check the name" in forced.stderr
+    # Known by the outbox's rows (no app installed) or by an installed app: paused.
+    in_table = cli("pause", "--event-type", "orders.cancelled", "--reason", "x", "--yes", env=env)
+    assert in_table.returncode == 0, in_table
     known = cli("pause", "--event-type", "orders.placed", *args, env=env)
     assert known.returncode == 0 and "check the name" not in known.stderr, known
+    assert sorted(await _pauses(orders_url)) == [
+        "orders.cancelled",
+        "orders.placed",
+        "orders.plcaed",
+    ]
 
 
 async def test_pause_and_resume_are_audited_and_listed_by_stats(cli: Cli, orders_url: str) -> None:

@@ -137,7 +137,8 @@ async def open_dead_letters(pilot: Pilot[object], app: OutboxConsole) -> EventTa
 
 
 async def dialog(pilot: Pilot[object], what: str = "the dialog") -> ConfirmModal:
-    """Wait until a confirmation dialog is up and takes keys: mounted, the focus on Cancel.
+    """Wait until a confirmation dialog is up and takes keys: mounted, the focus on the
+    reason field (on Cancel in a dialog that asks for none).
 
     Some dialogs are pushed by a worker after a query, and every one sets its focus in
     ``on_mount``: a key sent before then reaches the screen below, or no widget.
@@ -146,10 +147,11 @@ async def dialog(pilot: Pilot[object], what: str = "the dialog") -> ConfirmModal
 
     def ready() -> bool:
         screen = app.screen
-        focused = screen.focused
-        return isinstance(screen, ConfirmModal) and focused is not None and focused.id == "cancel"
+        if not isinstance(screen, ConfirmModal) or screen.focused is None:
+            return False
+        return screen.focused.id == ("reason" if screen.ask_reason else "cancel")
 
-    await until(pilot, ready, f"{what} to be up with the focus on Cancel")
+    await until(pilot, ready, f"{what} to be up with the focus where typing starts")
     assert isinstance(app.screen, ConfirmModal)
     return app.screen
 

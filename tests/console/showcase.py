@@ -18,9 +18,11 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import sqlite3
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from types import SimpleNamespace
 from unittest import mock
 
@@ -28,6 +30,7 @@ from sqlalchemy import select, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 from textual.command import CommandList, CommandPalette
 from textual.pilot import Pilot
+from textual.widgets import Input
 
 from engine import BackoffPolicy, OutboxDispatcher, create_engine, create_schema, replay_dead_letter
 from engine.dispatch.claimer import Claimer
@@ -46,6 +49,7 @@ from outbox_tui.examples.orders import create_tables
 from outbox_tui.examples.orders.traffic import generate_orders
 from outbox_tui.screens.confirm import ConfirmModal
 from outbox_tui.screens.filter import FilterModal
+from outbox_tui.screens.help import HelpScreen
 from outbox_tui.widgets.blocked_keys import BlockedKeysTable
 from outbox_tui.widgets.event_detail import EventDetailPane
 from outbox_tui.widgets.event_table import EventTable
@@ -213,6 +217,17 @@ def showcase_app(clock: FixedClock | None = None, **config: object) -> OutboxCon
     )
 
 
+def copy_database(source: Path, target: Path) -> None:
+    """A copy of the SQLite database at ``source``, its WAL included: an idle writer's
+    thread may still hold the last commits there (engine.storage.sqlite_batches), which a
+    copy of the main file alone would miss."""
+    with (
+        contextlib.closing(sqlite3.connect(source)) as src,
+        contextlib.closing(sqlite3.connect(target)) as dst,
+    ):
+        src.backup(dst)
+
+
 # -- scenes: the same key presses for snapshot tests and for scripts/screenshots.py --------
 
 
@@ -238,7 +253,8 @@ async def _first_refresh(pilot: Pilot[object]) -> OutboxConsole:
 
 
 async def warm_up(pilot: Pilot[object], clock: FixedClock, refreshes: int = 20) -> None:
-    """Refresh while a fixed-clock dispatcher works, a second apart: a real sparkline.
+    """Refresh while a fixed-clock dispatcher works, 1.5 s apart: a real sparkline, and
+    (from 20 refreshes) a trend window long enough for a verdict.
 
     A last refresh five seconds later finds the row ``orders-worker-2`` holds with an
     expired lease (claimed eight seconds before NOW for thirty).
@@ -256,7 +272,7 @@ async def warm_up(pilot: Pilot[object], clock: FixedClock, refreshes: int = 20) 
     pattern = (1, 0, 2, 1, 0, 1, 3, 1, 0, 2, 1, 1, 0, 2, 1, 0, 1, 2, 1, 1)
     try:
         for index in range(refreshes):
-            clock.advance(1)
+            clock.advance(1.5)
             for _ in range(pattern[index % len(pattern)]):
                 await worker.dispatch_once()
             await _refreshed(pilot)
@@ -274,6 +290,20 @@ async def _detail_of(pilot: Pilot[object], pick: Callable[[EventSummary], bool])
     pane = app.main.query_one(EventDetailPane)
     wanted = table.events[row].id
     await _wait(pilot, lambda: pane.event_id == wanted, "the detail")
+
+
+async def _dialog(pilot: Pilot[object]) -> None:
+    """Wait until a confirmation is up with its focus set (in the reason field, drawn with
+    its cursor): the screen is pushed a frame before its ``on_mount`` sets the focus."""
+    app = pilot.app
+    await _wait(
+        pilot,
+        lambda: isinstance(app.screen, ConfirmModal) and app.screen.focused is not None,
+        "the dialog",
+    )
+    for field in app.screen.query(Input):  # a steady cursor: the image must not blink
+        field.cursor_blink = False
+    await pilot.pause()
 
 
 async def scene_overview(pilot: Pilot[object], clock: FixedClock) -> None:
@@ -325,8 +355,9 @@ async def scene_confirm_replay(pilot: Pilot[object], clock: FixedClock) -> None:
     app = await _first_refresh(pilot)
     await pilot.press("d")
     await _wait(pilot, lambda: app.main.query_one(EventTable).mode == "dead_letters", "d")
+    await pilot.pause()  # the new columns measured before the dialog covers the table
     await pilot.press("R")
-    await _wait(pilot, lambda: isinstance(app.screen, ConfirmModal), "the dialog")
+    await _dialog(pilot)
 
 
 async def _blocked_key_with_waiting(pilot: Pilot[object]) -> OutboxConsole:
@@ -355,14 +386,16 @@ async def scene_blocked_head_detail(pilot: Pilot[object], clock: FixedClock) -> 
 
 
 async def scene_confirm_skip(pilot: Pilot[object], clock: FixedClock) -> None:
-    app = await _blocked_key_with_waiting(pilot)
+    await _blocked_key_with_waiting(pilot)
     await pilot.press("k")
-    await _wait(pilot, lambda: isinstance(app.screen, ConfirmModal), "the dialog")
+    await _dialog(pilot)
 
 
 async def scene_help(pilot: Pilot[object], clock: FixedClock) -> None:
-    await _first_refresh(pilot)
+    app = await _first_refresh(pilot)
     await pilot.press("question_mark")
+    await _wait(pilot, lambda: isinstance(app.screen, HelpScreen), "the help")
+    await pilot.pause()
 
 
 async def scene_filter(pilot: Pilot[object], clock: FixedClock) -> None:
@@ -399,9 +432,9 @@ async def scene_error_groups(pilot: Pilot[object], clock: FixedClock) -> None:
 
 
 async def scene_confirm_pause(pilot: Pilot[object], clock: FixedClock) -> None:
-    app = await _first_refresh(pilot)
+    await _first_refresh(pilot)
     await pilot.press("p")
-    await _wait(pilot, lambda: isinstance(app.screen, ConfirmModal), "the dialog")
+    await _dialog(pilot)
 
 
 async def _age_oldest_dead_letters(count: int, days: int) -> None:
@@ -425,8 +458,9 @@ async def scene_confirm_replay_dedup(pilot: Pilot[object], clock: FixedClock) ->
     await _refreshed(pilot)
     await pilot.press("d")
     await _wait(pilot, lambda: app.main.query_one(EventTable).mode == "dead_letters", "d")
+    await pilot.pause()  # the new columns measured before the dialog covers the table
     await pilot.press("R")
-    await _wait(pilot, lambda: isinstance(app.screen, ConfirmModal), "the dialog")
+    await _dialog(pilot)
 
 
 async def scene_catalog(pilot: Pilot[object], clock: FixedClock) -> None:

@@ -7,7 +7,8 @@ import os
 
 from engine.settings import DispatcherSettings, load_settings
 from outbox_tui.console import prepare_console
-from outbox_tui.demo import DEMO_DATABASE_URL, HEAD_START_ORDERS
+from outbox_tui.demo import DEMO_DATABASE_URL, DEMO_NOTE, HEAD_START_ORDERS
+from outbox_tui.widgets.note_line import NoteLine
 
 from .conftest import SIZE, started, until
 
@@ -27,6 +28,14 @@ async def test_demo_creates_its_database_and_comes_alive(tmp_path, monkeypatch):
     assert "outbox-demo.db" in files and "outbox.db" not in files
     async with app.run_test(size=SIZE) as pilot:
         await started(pilot)
+        # Issue 43: the demo says under its header that its failures are on purpose.
+        note = app.main.query_one("#note", NoteLine)
+        assert note.display and "on purpose" in str(note.render())
+        assert "amounts ending in 7 fail twice" in str(note.render())
+        await pilot.resize_terminal(80, 24)
+        await until(pilot, lambda: note.content_size.width == 80, "the note at 80 columns")
+        assert str(note.render()).strip() == DEMO_NOTE[-1].strip()
+        await pilot.resize_terminal(*SIZE)
         await until(pilot, lambda: app.main.dispatch_state == "running", "the demo dispatcher")
         first = app.main.last_snapshot
         assert sum(first.counts.values()) >= HEAD_START_ORDERS

@@ -80,8 +80,9 @@ async def test_g_lists_the_groups_and_shift_r_replays_one(seeded_url, orders_reg
         body = _body(app)
         assert f"{group.dead_letters:,} dead letter" in body
         assert next(iter(group.event_types)) in body
-        assert "dedup window" not in body
-        await pilot.press("y")
+        assert "older than" not in body
+        assert "✓ inside the consumers' 7-day dedup window: safe to replay" in body
+        await pilot.press("enter", "y")  # from the reason to the buttons; yes
         await until(pilot, lambda: groups.loads > 1, "the groups again")
         assert (await counts(seeded_url)).get(DEAD_LETTER, 0) == dead - group.dead_letters
         await pilot.press("escape")
@@ -104,7 +105,7 @@ async def test_replay_dialogs_warn_outside_the_dedup_window(sqlite_seeded, order
         await pilot.press("r")
         await dialog(pilot, "the dialog")
         assert "1 of 1 event(s) are older" in _body(app)
-        await pilot.press("n")
+        await pilot.press("escape")
 
 
 async def _replay_dialog_body(url, registry, ahead: timedelta, **config: object) -> str:
@@ -117,7 +118,7 @@ async def _replay_dialog_body(url, registry, ahead: timedelta, **config: object)
         await pilot.press("r")
         await dialog(pilot, "the dialog")
         body = _body(app)
-        await pilot.press("n")
+        await pilot.press("escape")
     return body
 
 
@@ -131,7 +132,10 @@ async def test_the_dialog_uses_the_configured_window_and_the_console_clock(
     assert "1-minute dedup window" in await _replay_dialog_body(
         sqlite_seeded, orders_registry, soon, **minute
     )
-    assert "dedup window" not in await _replay_dialog_body(sqlite_seeded, orders_registry, soon)
+    safe = await _replay_dialog_body(sqlite_seeded, orders_registry, soon)
+    assert "older than" not in safe
+    # Issue 43: a safe replay says so, in one short line.
+    assert "✓ inside the consumers' 7-day dedup window: safe to replay" in safe
     assert "7-day dedup window" in await _replay_dialog_body(
         sqlite_seeded, orders_registry, timedelta(days=8)
     )
@@ -145,7 +149,9 @@ async def test_p_pauses_and_resumes_the_highlighted_type(seeded_url, orders_regi
         await pilot.press("p")
         await dialog(pilot, "the pause dialog")
         assert f"Pause {event_type} (every tenant)?" in _body(app)
-        await pilot.press("y")  # no reason: refused
+        await pilot.press("enter", "y")  # no reason: the dialog stays, at the reason
+        assert isinstance(app.screen, ConfirmModal)
+        await pilot.press("escape")
         await until(pilot, lambda: not isinstance(app.screen, ConfirmModal), "the dialog closed")
         assert await _pauses(seeded_url) == []
 
@@ -159,7 +165,7 @@ async def test_p_pauses_and_resumes_the_highlighted_type(seeded_url, orders_regi
         await pilot.press("p")
         await dialog(pilot, "the resume dialog")
         assert "vendor down" in _body(app) and f"Resume {event_type}" in _body(app)
-        await pilot.press("y")
+        await pilot.press("enter", "y")
         await until(pilot, lambda: not isinstance(app.screen, ConfirmModal), "the dialog closed")
         await app.workers.wait_for_complete()
         assert await _pauses(seeded_url) == []
@@ -227,7 +233,7 @@ async def test_the_pause_dialog_counts_what_waits_and_asks_for_a_reason(
         await dialog(pilot, "the pause dialog")
         assert f"waiting now   {expected:,} events" in _body(app)
         label = str(app.screen.query_one("#reason-label", Label).render())
-        assert label == "Reason (required)"
+        assert label == "Reason (required)  ·  enter, then y"
         await pilot.press(*"vendor down", "enter", "y")
         await until(pilot, lambda: not isinstance(app.screen, ConfirmModal), "the dialog closed")
         await app.workers.wait_for_complete()
@@ -236,8 +242,8 @@ async def test_the_pause_dialog_counts_what_waits_and_asks_for_a_reason(
         await dialog(pilot, "the resume dialog")
         assert f"{expected:,} events" in _body(app)
         label = str(app.screen.query_one("#reason-label", Label).render())
-        assert label == "Reason (optional)"
-        await pilot.press("y")
+        assert label == "Reason (optional)  ·  enter, then y"
+        await pilot.press("enter", "y")
         await until(pilot, lambda: not isinstance(app.screen, ConfirmModal), "the dialog closed")
 
 

@@ -214,3 +214,33 @@ def test_a_payload_too_deep_for_the_tree_view_is_named_not_fatal():
     out = Console(width=100, record=True, file=io.StringIO())
     out.print(render_detail(shallow, datetime.now(UTC)))
     assert '"deep"' in out.export_text()
+
+
+async def test_at_80_columns_the_event_list_drops_whole_columns(sqlite_seeded, orders_registry):
+    """Issue 43: at 80 columns the list cut its headers ("te" for tenant). Every header
+    shown is whole, and the columns shown are the first ones, in order."""
+    from textual.widgets.data_table import ColumnKey
+
+    from outbox_tui.widgets.event_table import DEAD_LETTER_COLUMNS, EVENT_COLUMNS
+
+    app = console(sqlite_seeded, orders_registry)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await started(pilot)
+        table = app.main.query_one(EventTable)
+        for view, columns in (("e", EVENT_COLUMNS), ("d", DEAD_LETTER_COLUMNS)):
+            await pilot.press(view)
+            await until(pilot, lambda: table.row_count > 0, "rows")
+            await pilot.pause()
+            shown = [c.key.value for c in table.ordered_columns]
+            assert shown == [key for key, _label in columns][: len(shown)]
+            assert len(shown) < len(columns)  # something had to go at 80 columns
+            used = sum(c.get_render_width(table) for c in table.ordered_columns)
+            assert used <= table.size.width - 2, (shown, used, table.size.width)
+            header = table._render_line(0, 0, table.size.width, table.rich_style).text
+            for key, label in columns:
+                if key in shown:
+                    assert label in header, (label, header)
+            assert table.columns[ColumnKey(shown[-1])].label.plain in header
+        # Wider, the columns come back.
+        await pilot.resize_terminal(160, 45)
+        await until(pilot, lambda: len(table.ordered_columns) == len(DEAD_LETTER_COLUMNS), "all")

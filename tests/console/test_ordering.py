@@ -220,10 +220,10 @@ async def test_k_cancelled_changes_nothing_and_is_off_for_a_failed_head(
         await started(pilot)
         table = await open_blocked_keys(pilot, app, len(keys))
         await move_to(pilot, table, key)
-        for cancel in ("n", "escape"):
+        for cancel in (("enter", "n"), ("escape",)):
             await pilot.press("k")
             await dialog(pilot, "the confirmation")
-            await pilot.press(cancel)
+            await pilot.press(*cancel)
             await until(pilot, lambda: app.screen is app.main, f"{cancel} to close the dialog")
         assert any("Skip cancelled" in n for n in notes(app))
 

@@ -3,9 +3,11 @@ the types with the most undelivered events (issue 12, parts 2, 4 and 5)."""
 
 from __future__ import annotations
 
+import html
 import re
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from sqlalchemy import select, update
 
 from engine import create_engine
@@ -61,7 +63,7 @@ def test_one_row_sparkline_scales_to_the_peak():
 
 def test_the_trend_line_fits_and_keeps_its_numbers_whole():
     view = TrendView(
-        Verdict("growing", "growing by 1,234/s", 1234.0),
+        Verdict("growing", "growing by 1,234/s", 1234.0, None, 12.5, 1246.5, 60.0),
         backlog=[1_000_000.0, 1_234_567.0],
         oldest_age=[60.0, 3_725.0],
         drain=[12.5],
@@ -174,22 +176,26 @@ async def test_a_draining_backlog_says_when_it_will_be_empty(sqlite_seeded, orde
         await started(pilot)
         main = app.main
         assert main.trend is not None and main.trend.verdict.kind == "measuring"
-        for _ in range(4):
-            clock.now += timedelta(seconds=1)
+        for _ in range(5):  # 2 events every 6 seconds, for half a minute
+            clock.now += timedelta(seconds=6)
             await _publish(sqlite_seeded, 2, clock.now)
             await refreshed(pilot)
         assert main.trend is not None
         verdict = main.trend.verdict
         backlog = int(main.trend.backlog[-1])
         assert backlog > 0
-        assert verdict.kind == DRAINING and verdict.net_rate == -2
+        assert verdict.kind == DRAINING and verdict.net_rate == pytest.approx(-1 / 3)
         # Events behind a dead-lettered head wait for an operator: not in the ETA.
         held = main.last_snapshot.held_by_dead_letters
-        assert verdict.eta_seconds == (backlog - held) / 2
+        assert verdict.eta_seconds == pytest.approx((backlog - held) * 3)
         assert verdict.text.startswith("draining, empty in about ")
-        panel = _text(main.query_one(TrendsPanel))
-        assert panel.startswith(verdict.text)
-        assert "backlog" in panel and "published" in panel and "arriving" in panel
+        panel = main.query_one(TrendsPanel)
+        text = _text(panel)
+        assert text.startswith(verdict.text)
+        assert "backlog" in text and "published" in text and "arriving" in text
+        # The rates beside the sparklines are the verdict's: 20/min published.
+        assert re.search(r"published +[▁-█ ]+ 20/min$", text, re.M)
+        assert panel.border_title == "trend · one sample per refresh · rates over the last 30s"
         await pilot.resize_terminal(*SMALL)
         trend = main.query_one(TrendLine)
         # Hidden until the resize: read it once it has been laid out at the new width.
@@ -202,7 +208,7 @@ async def test_a_draining_backlog_says_when_it_will_be_empty(sqlite_seeded, orde
         assert line.startswith(verdict.text)
         # A series that does not fit beside the verdict is left out whole (the seeded dead
         # letters lengthen the verdict); the oldest pending age is on the line above.
-        assert re.search(rf"backlog [▁-█]{{5}} {backlog}(  ·  oldest [▁-█]{{5}} \d+s)?$", line)
+        assert re.search(rf"backlog [▁-█]{{5,}} {backlog}(  ·  oldest [▁-█]{{5,}} \d+s)?$", line)
         assert not main.query_one("#overview-more").display
 
 
@@ -273,3 +279,27 @@ async def test_top_types_lead_with_the_type_with_most_undelivered_events(
             "the one-line top types",
         )
         assert _text(line).startswith(f"top types  {first.event_type} {first.undelivered}")
+
+
+@pytest.mark.parametrize("size", [(160, 48), (80, 24)])
+async def test_the_two_dead_figures_cannot_be_read_as_one_count(
+    sqlite_seeded, orders_registry, size
+):
+    """Issue 43: the dispatcher row's ``dead 9`` (what it dead-lettered since it started)
+    stood beside the tile's ``10`` (dead letters now) under the same word."""
+    app = console(sqlite_seeded, orders_registry)
+    async with app.run_test(size=size) as pilot:
+        await started(pilot)
+        await pilot.press("s")  # the console's own dispatcher: a heartbeat with totals
+        for _ in range(50):
+            await refreshed(pilot)
+            if app.main.last_snapshot.heartbeats:
+                break
+            await pilot.pause(0.1)
+        assert app.main.last_snapshot.heartbeats
+        svg = html.unescape(app.export_screenshot()).replace("\xa0", " ")
+        screen = re.sub(r"<[^>]+>", "", svg)
+        assert "totals since each started" in screen
+        assert "dead now" in screen or "dead letters now" in screen
+        if size[0] >= 110:  # the wide dispatcher table
+            assert "dead-lettered" in screen

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import shutil
 from datetime import timedelta
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from engine.storage.schema import PUBLISHED, outbox_events
 from outbox_tui.widgets.overview import CountTile
 
 from .conftest import SIZE, console, counts, refreshed, started, until
+from .showcase import copy_database
 from .test_overview import Clock, _publish
 
 
@@ -66,7 +66,7 @@ async def test_a_pooled_sqlite_connection_follows_the_file_at_its_path(sqlite_se
     """The console's SQLite pool keeps its threads; a file replaced at the path is read anew."""
     path = Path(sqlite_seeded.split("///", 1)[1])
     other = tmp_path / "other.db"
-    shutil.copy(path, other)
+    copy_database(path, other)
     engine = create_engine(f"sqlite+aiosqlite:///{other}")
     try:
         async with engine.begin() as conn:

@@ -49,7 +49,7 @@ async def test_r_replays_the_highlighted_dead_letter_with_a_reason(seeded_url, o
         confirm = await dialog(pilot)
         body = str(confirm.query_one("#confirm-body").render())
         assert "1 dead letter" in body and "orders.placed v1" in body
-        await pilot.press("tab", *"manual fix", "enter")  # enter moves on, it does not confirm
+        await pilot.press(*"manual fix", "enter")  # enter moves on, it does not confirm
         await until(pilot, lambda: confirm.focused is confirm.query_one("#confirm"), ENTER)
         assert app.screen is confirm
         await pilot.press("y")
@@ -73,16 +73,18 @@ async def test_n_and_escape_cancel_and_change_nothing(sqlite_seeded, orders_regi
         before = await counts(sqlite_seeded)
         await pilot.press("r")
         await dialog(pilot)
-        await pilot.press("n")
+        await pilot.press("enter", "n")  # n on the buttons (in the reason it is a letter)
         await until(pilot, lambda: app.screen is app.main, "n to close the dialog")
         await pilot.press("r")
         await dialog(pilot)
         await pilot.press("escape")
         await until(pilot, lambda: app.screen is app.main, "escape to close the dialog")
         await pilot.press("R")
-        await dialog(pilot, "the bulk dialog")
-        await pilot.press("enter")  # the focus starts on Cancel
-        await until(pilot, lambda: app.screen is app.main, "enter (on Cancel) to close it")
+        confirm = await dialog(pilot, "the bulk dialog")
+        await pilot.press("enter")  # a stray enter only moves to the confirm button
+        assert app.screen is confirm
+        await pilot.press("tab", "enter")  # Cancel, pressed
+        await until(pilot, lambda: app.screen is app.main, "enter on Cancel to close it")
     assert await counts(sqlite_seeded) == before
     assert (await detail_of(sqlite_seeded, target)).replays == []
 
@@ -118,7 +120,7 @@ async def test_shift_r_replays_every_dead_letter_matching_the_filter(
         body = str((await dialog(pilot)).query_one("#confirm-body").render())
         assert f"{len(initech)} dead letter" in body and "tenant=initech" in body
         assert "orders.placed" in body
-        await pilot.press("y")
+        await pilot.press("enter", "y")
         await until(pilot, lambda: not table.events, "the replayed rows to go")
     remaining = set(await dead_letter_ids(sqlite_seeded))
     assert remaining == others
@@ -161,14 +163,14 @@ async def test_shift_r_replays_exactly_the_dead_letters_it_counted(sqlite_seeded
                 ).scalar_one()
         finally:
             await engine.dispose()
-        await pilot.press("y")
+        await pilot.press("enter", "y")
         await until(pilot, lambda: any("back to pending" in n for n in notes(app)), "the toast")
         assert any(f"{len(counted)} dead letters back to pending" in n for n in notes(app))
     assert set(await dead_letter_ids(sqlite_seeded)) == {late}
 
 
 async def test_typing_in_the_dialog_writes_the_reason(sqlite_seeded, orders_registry):
-    """The first letter (other than y/n) lands in the reason field; later n's are text."""
+    """Every letter lands in the reason field, its n's too; enter moves to the buttons."""
     app = console(sqlite_seeded, orders_registry)
     async with app.run_test(size=SIZE) as pilot:
         await started(pilot)

@@ -6,6 +6,7 @@ import html
 import io
 import os
 import sqlite3
+import uuid
 from pathlib import Path
 
 import asyncpg
@@ -148,6 +149,17 @@ def test_unreachable_server_is_one_line_without_the_password():
     code, out = start("postgresql+asyncpg://outbox:s3cret@127.0.0.1:1/outbox")
     assert code == 1 and "cannot reach the database" in assert_one_line(out)
     assert "s3cret" not in out and "***" in out
+
+
+@pytest.mark.postgresql
+def test_a_wrong_password_is_a_refused_login_not_an_unreachable_server(pg_url):
+    """Issue 43, defect 7: the console said "cannot reach the database"."""
+    wrong = f"wrong-{uuid.uuid4().hex}"
+    code, out = start(make_url(pg_url).set(password=wrong).render_as_string(False))
+    line = assert_one_line(out)
+    assert code == 1 and "the database refused the login" in line, line
+    assert "password authentication failed" in line and "cannot reach" not in line
+    assert wrong not in out
 
 
 def test_broken_installed_app_is_one_line(sqlite_url):

@@ -8,12 +8,19 @@ Update with ``--snapshot-update`` and look at the SVGs before committing them.
 from __future__ import annotations
 
 import asyncio
-import shutil
 from pathlib import Path
 
 import pytest
 
-from .showcase import SCENES, SIZE, SIZES, FixedClock, build_showcase, showcase_app
+from .showcase import (
+    SCENES,
+    SIZE,
+    SIZES,
+    FixedClock,
+    build_showcase,
+    copy_database,
+    showcase_app,
+)
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +32,7 @@ def showcase_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _compare(scene, size, showcase_db, tmp_path, monkeypatch, snap_compare) -> bool:
-    shutil.copy(showcase_db, tmp_path / "showcase.db")
+    copy_database(showcase_db, tmp_path / "showcase.db")
     monkeypatch.chdir(tmp_path)
     clock = FixedClock()
     app = showcase_app(clock)

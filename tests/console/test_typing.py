@@ -8,10 +8,10 @@ from textual.widgets import Input
 from engine.operating.insights import EventFilter
 from outbox_tui.screens.filter import FilterModal
 
-from .conftest import SIZE, burst, console, counts, dialog, open_dead_letters, started, until
+from .conftest import SIZE, burst, console, dialog, open_dead_letters, started, until
 from .test_replay import detail_of, notes
 
-PHRASE = "vendor fixed yesterday"  # y and n are the dialog's own keys
+PHRASE = "vendor fixed yesterday"  # y and n are the buttons' keys, text in the field
 
 
 async def _replay_with_reason(app, pilot, url: str, type_reason) -> str:
@@ -56,30 +56,17 @@ async def test_a_reason_typed_in_a_burst_keeps_its_y_and_n(sqlite_seeded, orders
         assert await _replay_with_reason(app, pilot, sqlite_seeded, in_a_burst) == PHRASE
 
 
-async def test_a_paste_with_the_focus_on_cancel_goes_to_the_reason(sqlite_seeded, orders_registry):
+async def test_a_paste_goes_to_the_reason(sqlite_seeded, orders_registry):
     app = console(sqlite_seeded, orders_registry)
     async with app.run_test(size=SIZE) as pilot:
         await started(pilot)
 
         async def pasted(pilot) -> None:
-            assert app.focused is not None and app.focused.id == "cancel"
+            assert app.focused is not None and app.focused.id == "reason"
             app.focused.post_message(events.Paste(PHRASE))
             await pilot.pause()
 
         assert await _replay_with_reason(app, pilot, sqlite_seeded, pasted) == PHRASE
-
-
-async def test_y_and_n_still_decide_before_a_reason_is_started(sqlite_seeded, orders_registry):
-    app = console(sqlite_seeded, orders_registry)
-    async with app.run_test(size=SIZE) as pilot:
-        await started(pilot)
-        await open_dead_letters(pilot, app)
-        before = await counts(sqlite_seeded)
-        await pilot.press("r")
-        await dialog(pilot)
-        await burst(pilot, "n")
-        await until(pilot, lambda: app.screen is app.main, "n to cancel")
-    assert await counts(sqlite_seeded) == before
 
 
 async def test_the_filter_keeps_a_fast_tab(sqlite_seeded, orders_registry):

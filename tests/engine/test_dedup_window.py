@@ -31,6 +31,9 @@ async def test_events_created_before_the_window_are_counted(db, clock):
     assert narrow.outside == 3 and "36-hour dedup window" in (narrow.warning() or "")
     recent = await check_dedup_window(db, ids[2:], now=now)
     assert recent.safe and recent.warning() is None and recent.oldest_created_at is None
+    # A safe replay says so in one short line (issue 43); an unsafe one does not.
+    assert recent.assurance() == "inside the consumers' 7-day dedup window: safe to replay"
+    assert check.assurance() is None
 
 
 async def test_many_ids_are_checked_in_chunks(db, clock):

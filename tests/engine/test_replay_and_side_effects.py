@@ -6,7 +6,7 @@ import asyncio
 from collections import Counter
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import event, select
 
 from engine import (
     BackoffPolicy,
@@ -171,9 +171,12 @@ async def test_raising_side_effect_is_recorded_failed_and_retried(db, registry, 
 class _SlowRecords(IdempotencyStore):
     """Side-effect records that wait, as on SQLite behind another process's write lock."""
 
-    async def record_side_effect(self, *args, **kwargs):
-        await asyncio.sleep(1.5)  # past the handler timeout below
-        await super().record_side_effect(*args, **kwargs)
+    def submit_side_effect(self, *args, **kwargs):
+        async def slowly():
+            await asyncio.sleep(1.5)  # past the handler timeout below
+            await IdempotencyStore.submit_side_effect(self, *args, **kwargs)
+
+        return asyncio.ensure_future(slowly())
 
 
 async def test_a_handler_timed_out_after_the_call_still_records_it(db, registry, clock):
@@ -217,3 +220,53 @@ async def test_a_handler_timed_out_after_the_call_still_records_it(db, registry,
 async def test_side_effect_helper_outside_a_handler_is_an_error():
     with pytest.raises(OutboxError, match="inside an event handler"):
         await run_event_side_effect("x", lambda: None)
+
+
+async def test_a_key_repeated_within_one_handler_call_is_called_once(db, registry, clock):
+    vendor_calls = Counter()
+
+    @registry.handler("orders.placed", key="orders.ship")
+    async def ship(envelope):
+        def call_vendor():
+            vendor_calls["ship"] += 1
+            return {"shipment": vendor_calls["ship"]}
+
+        first = await run_event_side_effect("vendor.ship", call_vendor)
+        again = await run_event_side_effect("vendor.ship", call_vendor)
+        assert first == again == {"shipment": 1}
+
+    await publish(db, registry)
+    dispatcher = OutboxDispatcher(db, registry, clock=clock)
+    assert await dispatcher.dispatch_once() == DispatchResult(claimed=1, published=1)
+    assert vendor_calls == {"ship": 1}
+
+
+async def test_a_first_delivery_looks_up_no_side_effect_record(db, registry, clock):
+    """No record can exist before an event's first delivery: its calls cost no lookup."""
+    lookups = []
+    event.listen(
+        db.sync_engine,
+        "before_cursor_execute",
+        lambda _c, _cur, statement, *_: (
+            lookups.append(statement)
+            if statement.lstrip().upper().startswith("SELECT")
+            and "outbox_side_effects" in statement
+            else None
+        ),
+    )
+    failures = Counter()
+
+    @registry.handler("orders.placed", key="orders.notify")
+    async def notify(envelope):
+        await run_event_side_effect("vendor.notify", lambda: "sent")
+        failures["notify"] += 1
+        if failures["notify"] == 1:
+            raise ConnectionError("after the call")
+
+    await publish(db, registry)
+    dispatcher = OutboxDispatcher(db, registry, clock=clock, backoff=BackoffPolicy(base_seconds=1))
+    assert (await dispatcher.dispatch_once()).failed == 1
+    assert lookups == []
+    clock.advance(1)
+    assert (await dispatcher.dispatch_once()).published == 1
+    assert len(lookups) == 1  # the retry asks, and is answered from the record

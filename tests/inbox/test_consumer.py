@@ -9,7 +9,7 @@ import json
 import aio_pika
 import pytest
 
-from engine.errors import ConfigurationError
+from engine.errors import ConfigurationError, InstalledAppError
 from engine.inbox.consumer import InboxConsumer
 from engine.inbox.writer import InboxWriter, WriteResult
 from engine.operating.insights import OutboxInsights
@@ -260,3 +260,24 @@ async def _acked(run, n: int) -> bool:  # type: ignore[no-untyped-def]
 
 async def _ready_is(inbound: Inbound, n: int) -> bool:
     return await inbound.ready() == n
+
+
+async def test_the_apps_ready_hooks_run_before_anything_is_taken(db, registry, inbound):
+    await inbound.declare()
+    await inbound.publish(*events("hooked", 2))
+    seen: list[int] = []
+
+    async def first() -> None:
+        seen.append(await inbound.ready())  # nothing taken yet: both still in the queue
+
+    async def broken() -> None:
+        raise RuntimeError("no config")
+
+    registry.on_ready(first)
+    registry.on_ready(broken)
+    consumer = InboxConsumer(
+        db, registry, inbound.settings(), amqp_url=inbound.url, options=FAST, instance_id="c-1"
+    )
+    with pytest.raises(InstalledAppError, match=r"ready hook .*broken failed: RuntimeError"):
+        await consumer.run(asyncio.Event())
+    assert seen == [2] and await inbound.ready() == 2 and await count(db) == 0

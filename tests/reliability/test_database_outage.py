@@ -34,13 +34,13 @@ import pytest
 from engine import create_engine
 from engine.operating.insights import OutboxInsights
 from tests.cli.conftest import Cli, cli, status_counts  # noqa: F401 - shared fixture
+from tests.inbox.own_services import services
 from tests.reliability.fleet import DispatchProcess, eventually, handled, outbox_rows, seed
-from tests.reliability.results import ROOT, ScenarioResult, record
+from tests.reliability.results import ScenarioResult, record
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgresql]
 
 COMMAND = 'make test PYTEST_ARGS="tests/reliability/test_database_outage.py"'
-SERVICES = ROOT / "scripts" / "services.sh"
 PGBIN = Path(os.environ.get("PGBIN", "/usr/lib/postgresql/15/bin"))
 
 
@@ -54,24 +54,7 @@ class OwnPostgres:
         self.url = ""
 
     async def _services(self, *args: str) -> str:
-        proc = await asyncio.create_subprocess_exec(
-            "bash",
-            "-c",
-            '. "$0" && "$@"',
-            str(SERVICES),
-            *args,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        try:
-            out, err = await asyncio.wait_for(proc.communicate(), timeout=90)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
-            pytest.fail(f"services.sh {' '.join(args)} did not finish within 90 s")
-        if proc.returncode != 0:
-            pytest.fail(f"services.sh {' '.join(args)} exited {proc.returncode}: {err.decode()}")
-        return out.decode().strip()
+        return await services(*args, seconds=90)
 
     async def up(self) -> None:
         if not self.port:
