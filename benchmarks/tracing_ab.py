@@ -34,22 +34,6 @@ ROW = (
 PAYLOAD = '{"tenant_id": "acme", "actor_id": "bench", "request_id": "r", "n": 1}'
 
 
-def trace_with_the_sdk() -> None:
-    from collections.abc import Sequence
-
-    from opentelemetry import trace
-    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
-
-    class Dropped(SpanExporter):
-        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-            return SpanExportResult.SUCCESS
-
-    provider = TracerProvider()
-    provider.add_span_processor(BatchSpanProcessor(Dropped()))
-    trace.set_tracer_provider(provider)
-
-
 async def drain(events: int, directory: str) -> dict[str, object]:
     import sqlite3
     import uuid
@@ -89,7 +73,9 @@ async def drain(events: int, directory: str) -> dict[str, object]:
 
 
 def one(events: int, sdk: bool) -> None:
-    if sdk:
+    if sdk:  # only this checkout's side traces: the previous one has no such function
+        from benchmarks.bench_app import trace_with_the_sdk
+
         trace_with_the_sdk()
     try:
         import uvloop

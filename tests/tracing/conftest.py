@@ -15,18 +15,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Tracer
 
-from engine import EventRegistry
 from engine.tracing import set_tracer_provider
-from tests.engine.conftest import ORDER_PLACED
+from tests.engine.conftest import registry  # noqa: F401 - the engine tests' fixture
 from tests.inbox.conftest import Inbound
-
-
-@pytest.fixture
-def registry() -> EventRegistry:
-    reg = EventRegistry()
-    reg.register_event("orders.placed", 1, ORDER_PLACED)
-    reg.register_event("orders.cancelled", 1)
-    return reg
 
 
 class Spans:

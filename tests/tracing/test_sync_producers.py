@@ -6,11 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from opentelemetry.trace import SpanKind
-from sqlalchemy import String, select
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy import select
 
 from engine import (
-    AggregateRoot,
     OutboxDispatcher,
     SyncOutboxEventPublisher,
     create_engine,
@@ -20,17 +18,9 @@ from engine import (
 )
 from engine.storage.schema import outbox_events
 from tests.engine.conftest import CTX, order_payload
+from tests.engine.test_sync_publish import Base, Order
 
 from .conftest import Spans, parent_id, span_id, trace_id, traceparent_of
-
-
-class Base(DeclarativeBase):
-    pass
-
-
-class Order(Base, AggregateRoot):
-    __tablename__ = "traced_orders"
-    id: Mapped[str] = mapped_column(String(36), primary_key=True)
 
 
 @dataclass(frozen=True)
