@@ -11,6 +11,7 @@ from engine import EventRegistry
 from engine.inbox import ReceivedMessage, RowBuilder, decode_message
 from engine.inbox.rows import COLUMNS
 from engine.relay.messages import MessageBuilder
+from engine.tracing import TraceContext
 from engine.writing.envelope import EventEnvelope
 from tests.inbox.corpus import LIMIT, STRUCTURED, TRACEPARENT, TYPE, encoded, event
 
@@ -36,6 +37,16 @@ def test_without_a_tracer_the_message_carries_the_stored_context_as_is():
     assert (body["traceparent"], body["tracestate"]) == (STORED, "vendor=abc")
     assert headers == {"traceparent": STORED, "tracestate": "vendor=abc"}
     assert body["traceid"] == "4bf92f3577b34da6a3ce929d0e0e4736"  # the payload's, as before
+
+
+def test_a_traced_relay_sends_its_own_spans_context_in_both_places():
+    relay_span = TraceContext("00-0af7651916cd43dd8448eb211c80319c-2222222222222222-01", "r=1")
+    message = MessageBuilder("/outbox", lambda: SPAN).build(
+        envelope(traceparent=STORED, tracestate="vendor=abc"), relay_span
+    )
+    body, headers = json.loads(message.body), dict(message.headers or {})
+    assert (body["traceparent"], body["tracestate"]) == relay_span  # not the stored one
+    assert headers == {"traceparent": relay_span.traceparent, "tracestate": "r=1"}
 
 
 @pytest.mark.parametrize("stored", [None, "garbage"])
