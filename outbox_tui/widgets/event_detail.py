@@ -19,6 +19,7 @@ from textual.widgets import Static
 from engine.operating.insights import EventDetail
 from engine.storage.schema import DEAD_LETTER, PUBLISHED
 from outbox_tui.safe_text import printable
+from outbox_tui.widgets.event_trace import trace_rows
 from outbox_tui.widgets.format import (
     MUTED_STYLE,
     one_line,
@@ -258,28 +259,6 @@ def _payload_tree(payload: Any) -> RenderableType:
         return Text("payload nested too deeply to show as a tree", style=ERROR)
 
 
-def trace_link(template: str | None, trace_id: str | None) -> str | None:
-    """``template`` (``--trace-url-template``) with the trace id in, when both are known."""
-    if not template or not trace_id:
-        return None
-    return template.replace("{trace_id}", trace_id)
-
-
-def _trace_rows(detail: EventDetail, trace_url_template: str | None) -> list[tuple[str, Text]]:
-    """The trace id, the span the event's spans hang under, and the link to the trace."""
-    rows = [("trace id", Text(printable(detail.trace_id or "—")))]
-    parent = detail.trace_parent
-    if parent is not None:
-        sampled = "" if parent.sampled else "  not sampled"
-        rows.append(("parent span", Text.assemble(parent.span_id, (sampled, MUTED_STYLE))))
-    elif detail.columns.get("traceparent"):  # stored, but not a W3C traceparent
-        rows.append(("parent span", Text("— (traceparent not W3C)", style=MUTED_STYLE)))
-    link = trace_link(trace_url_template, parent.trace_id if parent else detail.trace_id)
-    if link is not None:
-        rows.append(("trace", Text(printable(link), style=f"link {link}")))
-    return rows
-
-
 def render_detail(
     detail: EventDetail,
     now: datetime,
@@ -305,7 +284,7 @@ def render_detail(
             ("aggregate", Text(f"{c.get('aggregate_type')}:{c.get('aggregate_id')}")),
             *_ordering_rows(detail, now, waiting),
             *_cause_rows(c),
-            *_trace_rows(detail, trace_url_template),
+            *trace_rows(detail, trace_url_template),
             ("created", _when(c.get("created_at"), now)),
         ]
     )
