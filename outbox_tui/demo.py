@@ -1,13 +1,15 @@
 """``outbox-tui --demo``: a living console within seconds, on a local SQLite file.
 
 The demo database (``./outbox-demo.db`` unless another URL is given) gets the
-outbox schema and the example orders app's table, and a head start of orders
+outbox schema and the example orders and billing apps' tables, and a head start of orders
 when it is empty. While the console runs, ``DemoTraffic`` places a few orders a
 second (cancelling every fourth) and the console's own dispatcher delivers them
 to the example handlers, some of which fail transiently (retries) and some
 permanently (dead letters). The example orders each order's events, so a
 dead-lettered ``orders.placed`` with a cancellation behind it shows up as a
-blocked key within seconds (the generator's seeds make sure of it).
+blocked key within seconds (the generator's seeds make sure of it). Billing invoices
+each accepted order in a transactional handler, so every ``invoices.issued`` shows its
+cause and chain.
 """
 
 from __future__ import annotations
@@ -21,11 +23,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from engine.operating.insights import OutboxInsights
 from engine.storage.database import create_engine, create_schema
 from engine.writing.registry import EventRegistry
-from outbox_tui.examples.orders import create_tables
+from outbox_tui.examples import billing, orders
 from outbox_tui.examples.orders.traffic import generate_orders, trickle
 
 DEMO_DATABASE_URL = "sqlite+aiosqlite:///./outbox-demo.db"
-DEMO_APPS = ("outbox_tui.examples.orders",)
+DEMO_APPS = ("outbox_tui.examples.orders", "outbox_tui.examples.billing")
 HEAD_START_ORDERS = 40
 # Every n-th order of the live traffic is cancelled at once: with the seeds below, the
 # fourth order (over the credit limit) is cancelled, so its key blocks in the first seconds.
@@ -49,7 +51,8 @@ async def prepare_demo_database(database_url: str, registry: EventRegistry) -> N
     engine = create_engine(database_url)
     try:
         await create_schema(engine)
-        await create_tables(engine)
+        await orders.create_tables(engine)
+        await billing.create_tables(engine)
         snapshot = await OutboxInsights(engine).overview()
         if sum(snapshot.counts.values()) == 0:
             await generate_orders(engine, registry, HEAD_START_ORDERS, seed=7)

@@ -38,6 +38,7 @@ NAMES = {
     "overview": "overview.svg",
     "overview-paused": "paused-type.svg",
     "events-detail": "events-with-detail.svg",
+    "event-chain": "event-chain.svg",
     "dead-letters": "dead-letters.svg",
     "confirm-replay": "confirm-replay.svg",
     "blocked-keys": "blocked-keys.svg",

@@ -24,6 +24,7 @@ from outbox_tui.widgets.format import (
     MUTED_STYLE,
     one_line,
     relative,
+    short_id,
     status_text,
     timestamp,
 )
@@ -192,7 +193,8 @@ def _cause_rows(c: Mapping[str, Any]) -> list[tuple[str, RenderableType]]:
 
 def _chain_lines(detail: EventDetail) -> RenderableType:
     """The events of its chain in write order, each indented under the event that caused
-    it; this event marked."""
+    it; this event marked. Ids are cut as in the table, so a line fits the pane; the
+    cause's full id is in the lines above."""
     this = detail.columns.get("id")
     depth: dict[Any, int] = {}
     rows = []
@@ -202,7 +204,7 @@ def _chain_lines(detail: EventDetail) -> RenderableType:
         line = Text("  " * level + ("└ " if level else ""), style=MUTED_STYLE)
         line.append_text(status_text(str(link.get("status", ""))))
         line.append(f"  {printable(str(link.get('event_type')))}  ")
-        line.append(printable(str(link.get("id"))), style=MUTED_STYLE)
+        line.append(short_id(str(link.get("id"))), style=MUTED_STYLE)
         if link.get("id") == this:
             line.append("  ◀ this event", style="bold")
         rows.append(line)

@@ -32,7 +32,14 @@ from textual.command import CommandList, CommandPalette
 from textual.pilot import Pilot
 from textual.widgets import Input
 
-from engine import BackoffPolicy, OutboxDispatcher, create_engine, create_schema, replay_dead_letter
+from engine import (
+    BackoffPolicy,
+    OutboxDispatcher,
+    OutboxEventPublisher,
+    create_engine,
+    create_schema,
+    replay_dead_letter,
+)
 from engine.dispatch.claimer import Claimer
 from engine.inbox import InboxWriter, ReceivedMessage, RowBuilder, decode_message
 from engine.inbox.heartbeat import CONSUMER_KIND, ConsumerTotals, consumer_details
@@ -45,7 +52,7 @@ from engine.settings import DispatcherSettings
 from engine.storage.schema import DEAD_LETTER, outbox_events
 from engine.writing.registry import EventRegistry
 from outbox_tui.app import ConsoleConfig, OutboxConsole, make_app
-from outbox_tui.examples.orders import create_tables
+from outbox_tui.examples import billing, orders
 from outbox_tui.examples.orders.traffic import generate_orders
 from outbox_tui.screens.confirm import ConfirmModal
 from outbox_tui.screens.filter import FilterModal
@@ -75,6 +82,12 @@ class FixedClock:
         self.now += timedelta(seconds=seconds)
 
 
+def _uuid7(millis: int, rng: random.Random) -> str:
+    value = (millis << 80) | (0x7 << 76) | (rng.getrandbits(12) << 64)
+    value |= (0b10 << 62) | rng.getrandbits(62)
+    return str(uuid.UUID(int=value))
+
+
 @contextlib.contextmanager
 def seeded_ids(seed: int = 20260314) -> Iterator[None]:
     """Event ids and order ids from a seeded generator, in the shape of the real ones."""
@@ -84,9 +97,7 @@ def seeded_ids(seed: int = 20260314) -> Iterator[None]:
     def event_id() -> str:
         nonlocal millis
         millis += 37
-        value = (millis << 80) | (0x7 << 76) | (rng.getrandbits(12) << 64)
-        value |= (0b10 << 62) | rng.getrandbits(62)
-        return str(uuid.UUID(int=value))
+        return _uuid7(millis, rng)
 
     def order_id() -> uuid.UUID:
         return uuid.UUID(int=rng.getrandbits(128), version=4)
@@ -98,8 +109,28 @@ def seeded_ids(seed: int = 20260314) -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def follow_ups_on(clock: FixedClock, seed: int) -> Iterator[None]:
+    """The invoices billing's handler publishes while the showcase dispatches: ids from a
+    seeded generator and creation times from the fixed clock."""
+    rng = random.Random(seed)
+    millis = 0
+
+    def event_id() -> str:
+        nonlocal millis
+        millis = max(millis + 1, int(clock().timestamp() * 1000))
+        return _uuid7(millis, rng)
+
+    defaults = OutboxEventPublisher.__init__.__kwdefaults__
+    with (
+        mock.patch("engine.writing.publisher.uuid7", event_id),
+        mock.patch.dict(defaults, {"clock": clock}),
+    ):
+        yield
+
+
 def registry() -> EventRegistry:
-    return load_registry(["outbox_tui.examples.orders"])
+    return load_registry(["outbox_tui.examples.orders", "outbox_tui.examples.billing"])
 
 
 async def build_showcase(database_url: str, clock: FixedClock | None = None) -> None:
@@ -109,7 +140,8 @@ async def build_showcase(database_url: str, clock: FixedClock | None = None) -> 
     engine = create_engine(database_url)
     try:
         await create_schema(engine)
-        await create_tables(engine)
+        await orders.create_tables(engine)
+        await billing.create_tables(engine)
         with seeded_ids():
             await generate_orders(engine, reg, ORDERS, seed=7, cancel_every=5)
         await _date_events(engine)
@@ -122,11 +154,12 @@ async def build_showcase(database_url: str, clock: FixedClock | None = None) -> 
             backoff=BackoffPolicy(base_seconds=120, max_seconds=900, jitter=0),
             clock=clock,
         )
-        await worker.dispatch_once()
-        clock.advance(40)
-        await worker.dispatch_once()
-        clock.advance(40)
-        await worker.dispatch_once()
+        with follow_ups_on(clock, seed=4):
+            await worker.dispatch_once()
+            clock.advance(40)
+            await worker.dispatch_once()
+            clock.advance(40)
+            await worker.dispatch_once()
         clock.advance(30)
         await _replay_one(engine, clock)
         clock.now = NOW - timedelta(seconds=8)
@@ -271,11 +304,12 @@ async def warm_up(pilot: Pilot[object], clock: FixedClock, refreshes: int = 20) 
     )
     pattern = (1, 0, 2, 1, 0, 1, 3, 1, 0, 2, 1, 1, 0, 2, 1, 0, 1, 2, 1, 1)
     try:
-        for index in range(refreshes):
-            clock.advance(1.5)
-            for _ in range(pattern[index % len(pattern)]):
-                await worker.dispatch_once()
-            await _refreshed(pilot)
+        with follow_ups_on(clock, seed=refreshes):
+            for index in range(refreshes):
+                clock.advance(1.5)
+                for _ in range(pattern[index % len(pattern)]):
+                    await worker.dispatch_once()
+                await _refreshed(pilot)
     finally:
         await engine.dispose()
     clock.advance(5)
@@ -342,6 +376,12 @@ async def scene_overview_paused(pilot: Pilot[object], clock: FixedClock) -> None
 async def scene_event_detail(pilot: Pilot[object], clock: FixedClock) -> None:
     await warm_up(pilot, clock, refreshes=6)
     await _detail_of(pilot, lambda e: e.status == "failed")
+
+
+async def scene_event_chain(pilot: Pilot[object], clock: FixedClock) -> None:
+    """An invoice's detail: the order it was issued for, and the chain from that order."""
+    await warm_up(pilot, clock, refreshes=6)
+    await _detail_of(pilot, lambda e: e.event_type == "invoices.issued")
 
 
 async def scene_dead_letters(pilot: Pilot[object], clock: FixedClock) -> None:
@@ -645,6 +685,7 @@ SCENES: dict[str, Callable[[Pilot[object], FixedClock], Awaitable[None]]] = {
     "overview": scene_overview,
     "overview-paused": scene_overview_paused,
     "events-detail": scene_event_detail,
+    "event-chain": scene_event_chain,
     "dead-letters": scene_dead_letters,
     "confirm-replay": scene_confirm_replay,
     "blocked-keys": scene_blocked_keys,

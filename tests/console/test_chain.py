@@ -9,6 +9,7 @@ from rich.console import Console
 
 from outbox_tui.widgets.event_detail import EventDetailPane, render_detail
 from outbox_tui.widgets.event_table import EventTable
+from outbox_tui.widgets.format import short_id
 from tests.chains import chain_registry, seed_chain
 
 from .conftest import SIZE, console, started, until
@@ -33,5 +34,5 @@ async def test_the_detail_of_a_follow_up_shows_its_cause_and_its_chain(sqlite_ur
     assert f"caused by         {first}" in text
     assert "Chain (2 events)" in text
     chain = text[text.index("Chain (2 events)") :].splitlines()[1:3]
-    assert "orders.placed" in chain[0] and first in chain[0]
+    assert "orders.placed" in chain[0] and short_id(first) in chain[0]
     assert "└" in chain[1] and "invoices.issued" in chain[1] and "◀ this event" in chain[1]

@@ -310,3 +310,40 @@ def test_the_installed_demo_runs_in_a_terminal(venv: Venv) -> None:
     assert "Traceback" not in text and "StylesheetError" not in text
     assert "outbox-tui" in text and "pending" in text.lower()
     assert (venv.work / "outbox-demo.db").is_file()
+
+
+@pytest.mark.postgresql
+def test_the_installed_wheel_publishes_and_drains_on_psycopg(
+    venv: Venv, dists: Dists, psycopg_url: str
+) -> None:
+    """Issue 47, as a new user tries it: the wheel with its ``psycopg`` extra, a service's
+    engine on ``postgresql+psycopg://``, an order published in its transaction, then drained."""
+    run([venv.bin / "python", "-m", "pip", "install", "--quiet", f"{dists.wheel}[psycopg]"],
+        cwd=venv.work, env=venv.env, timeout=600)  # fmt: skip
+    common = ("--database-url", psycopg_url, "--installed-app", APP, "--json")
+    venv("init-db", "--database-url", psycopg_url)
+    venv.python(
+        """
+        import asyncio, sys
+        from engine import TaskContext, create_engine
+        from engine.service import load_registry
+        from outbox_tui.examples.orders import create_tables, place_order
+
+        async def main(url):
+            engine = create_engine(url)
+            try:
+                await create_tables(engine)
+                registry = load_registry(["outbox_tui.examples.orders"])
+                await place_order(engine, registry, TaskContext("acme", "wheel", "r-1"), "ann", 120)
+            finally:
+                await engine.dispose()
+
+        asyncio.run(main(sys.argv[1]))
+        """,
+        psycopg_url,
+    )
+    round_ = json.loads(venv("dispatch-once", *common).stdout)
+    assert round_["claimed"] == 1 and round_["published"] == 1
+    stats = json.loads(venv("stats", *common).stdout)
+    assert stats["counts"]["published"] == 1 and stats["total"] == 1
+    assert "postgresql+psycopg://" in stats["database_url"] and "***" in stats["database_url"]
