@@ -29,6 +29,8 @@ Scenarios (see docs/BENCHMARKS.md for the last run and how each is measured):
   n  consume N CloudEvents into the inbox (outbox-tui consume) / raw aio-pika consuming the
      same queue with manual acks
   o  end to end, A's outbox → relay → RabbitMQ → B's inbox → B's handler / A's relay alone
+  p  the drain of (a) traced with OpenTelemetry's SDK (spans dropped) / no tracer configured:
+     what tracing costs per event (reported)
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ from benchmarks.scenarios import Sizes
 from benchmarks.support import Context
 from engine import create_engine, create_schema
 
-ALL = "abcdefghijklmno"
+ALL = "abcdefghijklmnop"
 SMOKE = Sizes(
     repeats=1,
     drain=400,
@@ -256,6 +258,7 @@ def plan(ctx: Context, sizes: Sizes, args: argparse.Namespace) -> list[Step]:
         "m": ("m exactly-once effects, SQLite", lambda: scenarios.sqlite_effects(ctx, sizes)),
         "n": ("n inbox consume", lambda: scenarios.consume(ctx, sizes)),
         "o": ("o end to end", lambda: scenarios.end_to_end(ctx, sizes)),
+        "p": ("p tracing cost", lambda: scenarios.tracing_cost(ctx, sizes)),
     }
     steps += [one[c] for c in only if c in one]
     return steps

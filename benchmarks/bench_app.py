@@ -10,6 +10,9 @@ that the harness sets per run:
                            through the dispatcher's transaction (``transactional=True``);
                            ``plain``: it inserts the same row through a session of its
                            own and commits it; unset: it writes nothing
+``OUTBOX_BENCH_TRACING``  ``sdk``: configure OpenTelemetry's SDK as a service would (the global
+                           tracer provider, a batch span processor) with an exporter that
+                           drops every span: what tracing costs the dispatcher itself
 ``OUTBOX_BENCH_SYNC_DIR``  once the dispatcher is up (``EventRegistry.on_ready``: its
                            database open and checked, before its first claim): create
                            ``ready.<pid>`` there, then wait until a file ``go`` appears, so
@@ -83,7 +86,30 @@ async def await_go(directory: str) -> None:
         raise RuntimeError(f"no go signal in {directory} after {GO_TIMEOUT_SECONDS:g} s") from None
 
 
+def trace_with_the_sdk() -> None:
+    """Spans made, processed and handed to an exporter that drops them (row p)."""
+    from collections.abc import Sequence
+
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+    from opentelemetry.sdk.trace.export import (
+        BatchSpanProcessor,
+        SpanExporter,
+        SpanExportResult,
+    )
+
+    class Dropped(SpanExporter):
+        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Dropped()))
+    trace.set_tracer_provider(provider)
+
+
 def register(registry: EventRegistry) -> None:
+    if os.environ.get("OUTBOX_BENCH_TRACING") == "sdk":
+        trace_with_the_sdk()
     sleep_seconds = float(os.environ.get("OUTBOX_BENCH_SLEEP_MS", "0")) / 1000
     log_dir = os.environ.get("OUTBOX_BENCH_LOG_DIR")
     calls = CallLog(log_dir) if log_dir else None

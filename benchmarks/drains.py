@@ -85,13 +85,14 @@ def ours_argv(
 
 
 def ours_env(
-    ctx: Context, fleet: Fleet, *, sleep_ms: float = 0.0, write: str = ""
+    ctx: Context, fleet: Fleet, *, sleep_ms: float = 0.0, write: str = "", tracing: str = ""
 ) -> dict[str, str]:
     return fleet.env(
         {
             "OUTBOX_DATABASE_URL": ctx.url,
             "OUTBOX_BENCH_SLEEP_MS": str(sleep_ms),
             "OUTBOX_BENCH_WRITE": write,
+            "OUTBOX_BENCH_TRACING": tracing,
             "OUTBOX_LOG_LEVEL": "WARNING",
         }
     )
@@ -122,15 +123,17 @@ async def ours(
     cap: float | None = None,
     label: str = "ours",
     write: str = "",
+    tracing: str = "",
 ) -> dict[str, Any]:
     """``processes`` × ``outbox-tui --dispatch`` draining ``events`` preloaded events;
-    ``write``: the handler's business row (benchmarks/bench_app.py)."""
+    ``write``: the handler's business row, ``tracing``: ``sdk`` to trace with OpenTelemetry's
+    SDK (benchmarks/bench_app.py)."""
     await load_outbox(ctx, events, ordering_key)
     if write:
         await ctx.conn.execute(EFFECTS_TABLE)
         await ctx.conn.execute("TRUNCATE bench_effects")
     fleet = new_fleet(ctx)
-    env = ours_env(ctx, fleet, sleep_ms=sleep_ms, write=write)
+    env = ours_env(ctx, fleet, sleep_ms=sleep_ms, write=write, tracing=tracing)
     for _ in range(processes):
         fleet.start(ours_argv(ctx, concurrency=concurrency), env)
     run = await _timed(

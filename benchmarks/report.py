@@ -210,6 +210,14 @@ def notes(records: list[dict[str, Any]]) -> list[str]:
                 + ", ".join(f"{r:.2f}" for r in psy["against_asyncpg"]["ratios"])
                 + ")."
             )
+        if rec.get("cost_us_per_event") is not None and rec["status"] == "ok":
+            cpu = rec["cpu_us_per_event"]
+            lines.append(
+                f"- p: tracing costs {rec['cost_us_per_event']:.1f} µs of dispatcher CPU per "
+                f"event ({cpu['traced']:.1f} µs traced, {cpu['plain']:.1f} µs without a "
+                "tracer): a process span per event, its context attached while the handler "
+                "runs, a batch span processor; the exporter drops the spans."
+            )
         if rec.get("duplicates") is not None:
             lines.append(f"- e: events handled twice across all runs: {rec['duplicates']}.")
         if rec.get("unit") == "ms" and rec["status"] == "ok":

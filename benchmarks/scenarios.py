@@ -705,3 +705,40 @@ async def sqlite_effects(ctx: Context, sizes: Sizes) -> dict[str, Any]:
         peer=side("the same, the handler commits its own session", runs["other"]),
         **result,
     )
+
+
+# -- n: what tracing costs ------------------------------------------------------------------
+
+
+def cpu_per_event_us(run: dict[str, Any]) -> float:
+    """The dispatchers' CPU per event of one drain, in microseconds."""
+    usage = run["usage"]
+    return usage["workers_cores"] * usage["wall_seconds"] / run["events"] * 1e6
+
+
+async def tracing_cost(ctx: Context, sizes: Sizes) -> dict[str, Any]:
+    """n: the no-op drain of a with every event traced (the SDK configured, a batch span
+    processor, an exporter that drops the spans) against the same drain with no tracer
+    configured, which is what a service without the SDK runs. The cost per event is the
+    dispatchers' CPU per event, traced less untraced (medians)."""
+    n = sizes.drain
+    runs = await alternate(
+        sizes.repeats,
+        [
+            ("traced", lambda: drains.ours(ctx, n, tracing="sdk", label="traced")),
+            ("plain", lambda: drains.ours(ctx, n, label="not traced")),
+        ],
+    )
+    result = ratio(runs["traced"], runs["plain"])
+    traced = statistics.median(cpu_per_event_us(r) for r in runs["traced"])
+    plain = statistics.median(cpu_per_event_us(r) for r in runs["plain"])
+    return record(
+        "p",
+        f"p. drain {n:,}, no-op handler: traced (OpenTelemetry SDK, spans dropped) / no tracer",
+        unit="events/s",
+        ours=side("outbox-tui --dispatch ×2, a process span per event", runs["traced"]),
+        peer=side("outbox-tui --dispatch ×2, no tracer configured", runs["plain"]),
+        cpu_us_per_event={"traced": round(traced, 1), "plain": round(plain, 1)},
+        cost_us_per_event=round(traced - plain, 1),
+        **result,
+    )

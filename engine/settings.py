@@ -244,6 +244,15 @@ class ConsoleSettings(BaseModel):
     page_size: Annotated[
         int, Field(ge=1, le=1000, description="events per console page (default 100)")
     ] = 100
+    trace_url_template: Annotated[
+        str | None,
+        Field(
+            pattern=r"^https?://[^\s]*\{trace_id\}[^\s]*$",
+            description="the link an event's detail shows for its trace, e.g. "
+            "https://tempo.example/trace/{trace_id}",
+            json_schema_extra={"requirement": "an http(s) URL containing {trace_id}"},
+        ),
+    ] = None
 
 
 # AMQP names a queue in at most 255 bytes; a binding is EXCHANGE:ROUTING_KEY.

@@ -61,6 +61,7 @@ class ConsoleConfig:
     published_recount_seconds: float = 10.0
     pending_age: AgeThresholds = field(default_factory=AgeThresholds)
     dedup_window_seconds: float | None = None  # None: the default, 7 days
+    trace_url_template: str | None = None  # the detail's link to a trace ({trace_id})
     # A line under the header, in wordings longest first (the demo says its failures are
     # deliberate); empty: none.
     note: tuple[str, ...] = ()
@@ -239,7 +240,11 @@ def make_app(
         amqp_probe_seconds=config.amqp_probe_seconds,
         amqp_max_probe_seconds=config.amqp_max_probe_seconds,
         log_level=None,
-        console=ConsoleSettings(refresh_seconds=config.refresh_seconds, page_size=config.page_size),
+        console=ConsoleSettings(
+            refresh_seconds=config.refresh_seconds,
+            page_size=config.page_size,
+            trace_url_template=config.trace_url_template,
+        ),
         dispatcher=dispatch_settings,
     )
     clock = clock or utc_now

@@ -82,6 +82,7 @@ def prepare_console(
         amqp_max_probe_seconds=settings.amqp_max_probe_seconds,
         refresh_seconds=settings.console.refresh_seconds,
         page_size=settings.console.page_size,
+        trace_url_template=settings.console.trace_url_template,
         autostart_dispatch=demo,
         dedup_window_seconds=settings.dedup_window_seconds,
         note=DEMO_NOTE if demo else (),

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import OutboxError
+from engine.running.metrics import OutboxMetrics
 from engine.running.summary import RunSummary
 from engine.service import DispatchSpec, open_dispatcher, run
 
@@ -84,7 +85,11 @@ class DispatchControl:
             return
         stack = contextlib.AsyncExitStack()
         try:
-            dispatcher = await stack.enter_async_context(open_dispatcher(self.spec, prefetch=True))
+            # Metrics of its own (served nowhere): its heartbeat then carries the lag the
+            # overview shows.
+            dispatcher = await stack.enter_async_context(
+                open_dispatcher(self.spec, prefetch=True, metrics=OutboxMetrics())
+            )
         except BaseException:
             await stack.aclose()
             raise

@@ -5,7 +5,8 @@ database (example orders from a fixed seed, a fixed clock) and goes through the
 same scenes as the snapshot tests: overview, a paused type, events with detail, dead letters,
 the replay confirmation, blocked keys, a blocked head's detail, the skip
 confirmation, help, the filter, the palette, the error groups, the pause confirmation
-and a replay confirmation with the dedup-window warning; then six of them at 80x24.
+and a replay confirmation with the dedup-window warning, the catalog, the inbox, and a traced
+service's event detail (its trace id and link); then seven of them at 80x24.
 Each scene gets a fresh copy of the database.
 
     .venv/bin/python scripts/screenshots.py [--out DIR] [--size 160x45]
@@ -52,6 +53,7 @@ NAMES = {
     "catalog": "catalog.svg",
     "inbox": "inbox.svg",
     "inbound-dead-letter": "inbound-dead-letter.svg",
+    "trace-detail": "trace-detail.svg",
 }
 # At 80x24 too: the terminal operators have.
 SMALL = (80, 24)

@@ -373,6 +373,8 @@ CLAIM_RETURNS = (
     "created_at",
     "causation_id",
     "correlation_id",
+    "traceparent",
+    "tracestate",
 )
 
 

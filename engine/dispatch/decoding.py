@@ -115,6 +115,8 @@ class Decoder:
             values["causation_id"],
             values["correlation_id"],
             values["ordering_key"],
+            values["traceparent"],
+            values["tracestate"],
         )
 
     def _decode(self, row: ClaimedRow) -> tuple[EventEnvelope | None, str]:

@@ -119,7 +119,7 @@ class Workers:
         ``deadline`` an event's next handler does not start. ``others_in_calls()``: calls
         elsewhere that count against ``max_concurrency``. ``hand_off``/``progress``: see
         ``run``."""
-        self._run_event = runner.run
+        self._run_event = runner.for_round()  # watched when tracing or metrics are on
         self._queue = collections.deque(rows)
         self._envelopes = envelopes
         self._done = done

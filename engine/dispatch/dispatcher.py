@@ -35,6 +35,7 @@ from engine.dispatch.completions import Completions, InDoubt, OutcomeWriter, Unr
 from engine.dispatch.decoding import Decoder
 from engine.dispatch.delivery import LocalDelivery
 from engine.dispatch.handlers import HandlerRunner
+from engine.dispatch.probe import delivery_observers
 from engine.dispatch.relaying import Relaying
 from engine.dispatch.round import RoundLimits, Rounds, RoundsBehind
 from engine.dispatch.transactions import HandlerTransactions
@@ -186,8 +187,11 @@ class OutboxDispatcher:
             unreported=self._unreported,
         )
         behind = RoundsBehind()
+        watching = delivery_observers(self.observers)
         self._relaying = (
-            None if self.external_publisher is None else Relaying(self.external_publisher)
+            None
+            if self.external_publisher is None
+            else Relaying(self.external_publisher, watching, self.clock)
         )
         local = None
         if self._relaying is None:
@@ -207,6 +211,7 @@ class OutboxDispatcher:
                 handler_timeout=self.handler_timeout,
                 start_budget=self.start_budget,
                 lease=self.lease,
+                observers=watching,
             )
             local = LocalDelivery(
                 runner,

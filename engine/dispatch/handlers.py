@@ -19,9 +19,12 @@ from engine.clock import Clock
 from engine.context import _handler_invocation, _task_context
 from engine.dispatch.claimed import ClaimedRow, Outcome
 from engine.dispatch.handler_timeouts import HandlerTimedOut, HandlerTimeouts
+from engine.dispatch.probe import DeliveryObserver, Probe, RunEvent
 from engine.dispatch.transactions import Committed, HandlerTransactions
 from engine.errors import EventHandlerPermanentError
 from engine.handlers.idempotency import HandlerRunRecord, IdempotencyStore
+from engine.tracing.spans import record_current_failure
+from engine.tracing.tracer import active_tracer
 from engine.writing.envelope import EventEnvelope
 from engine.writing.registry import EventRegistry, Handler, RegisteredHandler
 
@@ -52,6 +55,7 @@ class HandlerRunner:
     for transactional handlers, whose ``transactions`` commit their own records.
 
     ``start_budget`` and ``lease`` only word the error of a handler that did not start.
+    ``observers`` are told about each delivery (engine.dispatch.probe).
     """
 
     def __init__(
@@ -65,6 +69,7 @@ class HandlerRunner:
         handler_timeout: float,
         start_budget: timedelta,
         lease: timedelta,
+        observers: Sequence[DeliveryObserver] = (),
     ) -> None:
         self.registry = registry
         self.idempotency = idempotency
@@ -74,6 +79,15 @@ class HandlerRunner:
         self.handler_timeout = handler_timeout
         self.start_budget = start_budget
         self.lease = lease
+        self.observers = observers
+
+    def for_round(self) -> RunEvent:
+        """What a round's workers call for each event: ``run`` itself when nothing watches
+        deliveries (no tracer configured, no observer), else ``run`` inside its span."""
+        tracer = active_tracer()
+        if tracer is None and not self.observers:
+            return self.run
+        return Probe(tracer, self.observers, self.clock).wrap(self.run)
 
     async def succeeded(self, envelopes: Iterable[EventEnvelope]) -> set[tuple[str, str]]:
         """(event id, handler key) of the runs that already succeeded, looked up only for
@@ -134,10 +148,12 @@ class HandlerRunner:
                         if committed is Committed.NOTHING:
                             return Outcome(row, "lost")
                 except EventHandlerPermanentError as exc:
+                    record_current_failure(exc)
                     error = f"permanent: {registered.key}: {exc}"
                     runs = runs_until(event_id, handlers, registered.key, error)
                     return Outcome(row, "dead_letter", error, error, runs)
                 except Exception as exc:
+                    record_current_failure(exc)
                     if isinstance(exc, HandlerTimedOut):
                         error = f"{registered.key}: timed out after {self.handler_timeout:g} s"
                     else:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 
+from engine.clock import Clock, utc_now
 from engine.dispatch.claimed import ClaimedRow, Outcome
+from engine.dispatch.probe import DeliveryObserver, observe_relayed
 from engine.dispatch.types import ExternalPublisher
 from engine.writing.envelope import EventEnvelope
 
@@ -14,10 +16,18 @@ log = logging.getLogger("engine.dispatcher")
 
 class Relaying:
     """The dispatcher's view of an ``ExternalPublisher``: its optional circuit breaker
-    (``ready``), what it waits for, early work on a batch, and outcomes per row."""
+    (``ready``), what it waits for, early work on a batch, and outcomes per row, which
+    ``observers`` are told about (engine.dispatch.probe)."""
 
-    def __init__(self, publisher: ExternalPublisher) -> None:
+    def __init__(
+        self,
+        publisher: ExternalPublisher,
+        observers: Sequence[DeliveryObserver] = (),
+        clock: Clock = utc_now,
+    ) -> None:
         self.publisher = publisher
+        self.observers = observers
+        self.clock = clock
 
     async def ready(self) -> bool:
         """False while the publisher's circuit is open: claim nothing, spend nothing."""
@@ -54,6 +64,15 @@ class Relaying:
         """Publish ``rows``; every row gets an outcome, whatever the publisher does."""
         if not rows:
             return []
+        started = self.clock()
+        outcomes = await self._relay(rows, envelopes)
+        if self.observers:
+            observe_relayed(self.observers, outcomes, envelopes, started)
+        return outcomes
+
+    async def _relay(
+        self, rows: list[ClaimedRow], envelopes: Mapping[str, EventEnvelope]
+    ) -> list[Outcome]:
         try:
             sent = await self.publisher.publish([envelopes[r.event_id] for r in rows])
         except Exception as exc:  # a publisher bug or outage: fail the call, never lose rows

@@ -4,7 +4,8 @@ A decoded CloudEvent becomes a ``pending`` row the receiving service's dispatche
 like any local event. Its ``id`` is a new local id (a UUIDv7), so local and inbound ids
 never collide; the CloudEvents identity goes into ``inbound_source`` and ``inbound_id``,
 the queue into ``inbound_queue``, the trace context into ``traceparent`` and
-``tracestate``, and every other attribute into ``inbound_attributes``:
+``tracestate`` (the CloudEvent's, else the AMQP headers' of those names), and every other
+attribute into ``inbound_attributes``:
 
 - ``event_type`` = ``type``; ``event_version`` = the ``eventversion`` extension (1 without);
 - ``tenant_id`` = the ``tenantid`` extension, else ``data``'s ``tenant_id``, else the
@@ -123,7 +124,7 @@ class RowBuilder:
         if isinstance(decoded, Undecodable):
             return self.dead_letter(message, decoded)
         try:
-            return self._event_row(decoded)
+            return self._event_row(decoded, message.headers)
         except _Unfit as unfit:
             attributes = {"id": decoded.id, "source": decoded.source, "type": decoded.type}
             refused = Undecodable(
@@ -132,7 +133,7 @@ class RowBuilder:
             )  # fmt: skip
             return self.dead_letter(message, refused)
 
-    def _event_row(self, event: InboundEvent) -> InboundRow:
+    def _event_row(self, event: InboundEvent, headers: Mapping[str, Any]) -> InboundRow:
         attributes = dict(event.attributes)
         tenant = _tenant(attributes, event.data, self.default_tenant)
         aggregate_type = _text_attribute(attributes, "aggregatetype", AGGREGATE_LENGTH)
@@ -160,6 +161,8 @@ class RowBuilder:
         version = _version(attributes)
         key = self._ordering_key(attributes, event.type, aggregate_type, aggregate_id, payload)
         traceparent, tracestate = _trace_context(attributes)
+        if traceparent is None and "traceparent" not in attributes:
+            traceparent, tracestate = _header_trace_context(headers)
         known = event.type in self._known_types
         if not known and event.type not in self._warned:
             self._warned.add(event.type)
@@ -306,6 +309,24 @@ def _trace_context(attributes: dict[str, Any]) -> tuple[str | None, str | None]:
         del attributes["tracestate"]
         return parent, state or None
     return parent, None
+
+
+def _header_trace_context(headers: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """The W3C context of the AMQP headers ``traceparent`` and ``tracestate`` (where
+    OpenTelemetry's AMQP instrumentations put it), for a CloudEvent that carries none."""
+    parent, state = (_header_text(headers.get(name)) for name in ("traceparent", "tracestate"))
+    if parent is None or not valid_traceparent(parent):
+        return None, None
+    return parent, state or None
+
+
+def _header_text(value: Any) -> str | None:
+    if isinstance(value, bytes):
+        try:
+            value = value.decode()
+        except UnicodeDecodeError:
+            return None
+    return value if isinstance(value, str) else None
 
 
 def valid_traceparent(value: str) -> bool:

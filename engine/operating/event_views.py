@@ -23,6 +23,7 @@ from engine.storage.schema import (
     STATUSES,
     outbox_events,
 )
+from engine.tracing.propagation import TraceParent, parse_traceparent
 
 t = outbox_events
 
@@ -111,7 +112,18 @@ class EventDetail:
         return str(self.columns.get("correlation_id") or self.columns["id"])
 
     @property
+    def trace_parent(self) -> TraceParent | None:
+        """The stored W3C context (``traceparent``): the event's trace and the span its
+        own spans hang under (its outbox write's, or an inbound event's sender's)."""
+        value = self.columns.get("traceparent")
+        return parse_traceparent(value) if isinstance(value, str) else None
+
+    @property
     def trace_id(self) -> str | None:
+        """The stored context's trace id, else the payload's ``trace_id`` (as before)."""
+        parent = self.trace_parent
+        if parent is not None:
+            return parent.trace_id
         if isinstance(self.payload, Mapping) and self.payload.get("trace_id") is not None:
             return str(self.payload["trace_id"])
         return None

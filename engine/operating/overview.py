@@ -11,8 +11,9 @@ from sqlalchemy import Select, column, func, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.selectable import TextualSelect
 
-from engine.operating.dispatch_health import HeartbeatView, UnservedType
+from engine.operating.dispatch_health import ALIVE, HeartbeatView, UnservedType
 from engine.operating.published_counts import PublishedMark
+from engine.running.lag import LagSummary, merged_lag
 from engine.storage.schema import (
     INBOUND_PREDICATE,
     PENDING,
@@ -70,6 +71,12 @@ class OverviewSnapshot:
         if self.oldest_pending_at is None:
             return None
         return max(0.0, (self.taken_at - self.oldest_pending_at).total_seconds())
+
+    @property
+    def lag(self) -> LagSummary | None:
+        """The last minute's lag over the live dispatchers that measure it (metrics on);
+        None when none does."""
+        return merged_lag(hb.details for hb in self.heartbeats if hb.state == ALIVE)
 
     @property
     def oldest_blocked_head_age_seconds(self) -> float | None:

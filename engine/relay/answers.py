@@ -35,6 +35,20 @@ class Refused(Exception):
     """The broker closed the channel over this one message (sent alone)."""
 
 
+class Outage(Exception):
+    """The broker went away during a publish call (carries the error text).
+
+    ``sent``: whether any publish of the call may have reached the broker; when
+    False (the connect failed), the whole call goes back unattempted. ``refused``:
+    the broker is up but refuses this relay's publishes (access refused).
+    """
+
+    def __init__(self, error: str, *, sent: bool, refused: bool = False) -> None:
+        super().__init__(error)
+        self.sent = sent
+        self.refused = refused
+
+
 def confirmation_problem(task: asyncio.Task[Any]) -> BaseException | None:
     """None when the broker acked the publish; otherwise what went wrong."""
     if task.cancelled():

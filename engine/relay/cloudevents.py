@@ -11,8 +11,10 @@ so the mapping is unit-tested without a broker. Attribute choices:
   ``created_at`` in RFC 3339 UTC; ``data`` is the payload as stored.
 * Extensions (lowercase alphanumeric names, as the spec requires):
   ``tenantid``, ``eventversion``, ``aggregatetype``, ``aggregateid``,
-  ``traceid`` (the payload's ``trace_id`` as is) and ``traceparent`` (W3C
-  Trace Context) when one can be derived from that trace id.
+  ``traceid`` (the payload's ``trace_id`` as is) and the distributed-tracing
+  extension's ``traceparent`` and ``tracestate`` (W3C Trace Context): the relay's
+  publish span's context when tracing is on, else the event's stored context
+  (its columns), else one derived from that trace id (``trace_context``).
 * ``partitionkey`` (the CloudEvents partitioning extension) is an ordered event's
   ``ordering_key``: the receiving inbox (engine.inbox) restores it as the row's key,
   so the receiving dispatchers keep the per-key order.
@@ -29,6 +31,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
+from engine.tracing.propagation import TraceContext, parse_traceparent
 from engine.writing.envelope import EventEnvelope
 
 SPEC_VERSION = "1.0"
@@ -70,6 +73,18 @@ def traceparent_for(
     return None
 
 
+def trace_context(
+    envelope: EventEnvelope, new_span_id: Callable[[], str] = random_span_id
+) -> TraceContext | None:
+    """The context an event's message carries when the relay makes no span of its own: the
+    one stored with the event (when it is a valid traceparent), else one built from the
+    payload's ``trace_id`` (``traceparent_for``), else none."""
+    if envelope.traceparent and parse_traceparent(envelope.traceparent) is not None:
+        return TraceContext(envelope.traceparent, envelope.tracestate or None)
+    derived = traceparent_for(envelope.trace_id, new_span_id)
+    return None if derived is None else TraceContext(derived)
+
+
 def rfc3339(moment: datetime) -> str:
     """``moment`` in UTC as RFC 3339 with a ``Z`` suffix (naive values are taken as UTC)."""
     utc = moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
@@ -88,9 +103,11 @@ def to_cloudevent(
     source_prefix: str = DEFAULT_SOURCE_PREFIX,
     new_span_id: Callable[[], str] = random_span_id,
     data: bool = True,
+    trace: TraceContext | None = None,
 ) -> dict[str, Any]:
     """The CloudEvents 1.0 structured envelope of ``envelope`` (a JSON-ready dict);
-    without ``data`` when ``data`` is false (``encode_cloudevent`` adds it)."""
+    without ``data`` when ``data`` is false (``encode_cloudevent`` adds it). ``trace``:
+    the context to carry (the relay's span's); by default ``trace_context(envelope)``."""
     event: dict[str, Any] = {
         "specversion": SPEC_VERSION,
         "id": envelope.event_id,
@@ -109,9 +126,12 @@ def to_cloudevent(
     trace_id = envelope.trace_id
     if trace_id:
         event["traceid"] = trace_id
-        traceparent = traceparent_for(trace_id, new_span_id)
-        if traceparent is not None:
-            event["traceparent"] = traceparent
+    if trace is None:
+        trace = trace_context(envelope, new_span_id)
+    if trace is not None:
+        event["traceparent"] = trace.traceparent
+        if trace.tracestate:
+            event["tracestate"] = trace.tracestate
     if data:
         event["data"] = dict(envelope.payload)
     return event

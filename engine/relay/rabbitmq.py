@@ -63,41 +63,30 @@ from aiormq.exceptions import ChannelAccessRefused, ChannelClosed, ChannelInvali
 from engine.dispatch import ExternalPublishResult
 from engine.errors import BrokerUnavailableError, ConfigurationError, OutboxError
 from engine.relay import answers
+from engine.relay.answers import Outage
 from engine.relay.broker import BrokerConnection
 from engine.relay.circuit import UNAVAILABLE, Circuit
 from engine.relay.cloudevents import DEFAULT_SOURCE_PREFIX, random_span_id
 from engine.relay.messages import MessageBuilder
+from engine.relay.watching import ConfirmObserver, WatchedSends
 from engine.settings import DEFAULT_EXCHANGE
 from engine.writing.envelope import EventEnvelope
 
 log = logging.getLogger("engine.relay.rabbitmq")
 
 
-class _Outage(Exception):
-    """Internal: the broker went away during a call (carries the error text).
-
-    ``sent``: whether any publish of the call may have reached the broker; when
-    False (the connect failed), the whole call goes back unattempted. ``refused``:
-    the broker is up but refuses this relay's publishes (access refused).
-    """
-
-    def __init__(self, error: str, *, sent: bool, refused: bool = False) -> None:
-        super().__init__(error)
-        self.sent = sent
-        self.refused = refused
-
-
 class RabbitMqOutboxPublisher:
     """Publishes outbox events to a durable topic exchange, routing key = event type.
 
-    ``url``: ``amqp://`` or ``amqps://`` URL. ``exchange``: topic exchange name,
-    declared durable on connect. ``source_prefix``: CloudEvents ``source`` prefix
-    (``<prefix>/<aggregate_type>``; also the AMQP ``app_id``). ``confirm_timeout``:
-    seconds to wait for a publisher confirm before the call counts as an outage.
-    ``connect_timeout``: seconds for connecting, opening the channel and declaring
-    the exchange. ``probe_interval`` / ``max_probe_interval``: the circuit breaker's
-    first and longest wait between probes of a broker found away. ``quiet_driver_logs``:
-    demote aiormq's connection-loss ERROR tracebacks to one DEBUG line.
+    ``url``: ``amqp://`` or ``amqps://`` URL. ``exchange``: topic exchange name, declared
+    durable on connect. ``source_prefix``: CloudEvents ``source`` prefix
+    (``<prefix>/<aggregate_type>``; also the AMQP ``app_id``). ``confirm_timeout``: seconds
+    to wait for a publisher confirm before the call counts as an outage. ``connect_timeout``:
+    seconds for connecting, opening the channel and declaring the exchange.
+    ``probe_interval`` / ``max_probe_interval``: the circuit breaker's first and longest wait
+    between probes of a broker found away. ``quiet_driver_logs``: demote aiormq's
+    connection-loss ERROR tracebacks to one DEBUG line. ``observer``: told each publish's
+    time to its confirm (engine.relay.watching).
     """
 
     def __init__(
@@ -112,7 +101,9 @@ class RabbitMqOutboxPublisher:
         max_probe_interval: float = 30.0,
         quiet_driver_logs: bool = True,
         new_span_id: Callable[[], str] = random_span_id,
+        observer: ConfirmObserver | None = None,
     ) -> None:
+        self.observer = observer
         self._broker: BrokerConnection[AbstractExchange] = BrokerConnection(
             url,
             self._declare_exchange,
@@ -231,7 +222,7 @@ class RabbitMqOutboxPublisher:
         for index, call in enumerate(calls):
             try:
                 await self._publish_call(call, result, prepared)
-            except _Outage as outage:
+            except Outage as outage:
                 error = str(outage)
                 for envelope in call:
                     done = envelope.event_id in result.published or (
@@ -263,7 +254,7 @@ class RabbitMqOutboxPublisher:
         result: ExternalPublishResult,
         prepared: dict[str, aio_pika.Message],
     ) -> None:
-        """Publish ``call`` concurrently; raise ``_Outage`` if the broker went away.
+        """Publish ``call`` concurrently; raise ``Outage`` if the broker went away.
 
         An event whose publish never left this process (the channel was closed
         when it got there) goes to ``result.unattempted``, not ``failed``. A publish
@@ -274,7 +265,7 @@ class RabbitMqOutboxPublisher:
         try:
             exchange = await self._broker.ensure()
         except BrokerUnavailableError as exc:
-            raise _Outage(f"{UNAVAILABLE}: {exc}", sent=False) from None
+            raise Outage(f"{UNAVAILABLE}: {exc}", sent=False) from None
         outcomes = await self._send_all(exchange, call, prepared)
         if any(isinstance(outcome, ChannelClosed) for outcome in outcomes):
             outcomes = await self._one_by_one(call, outcomes, prepared)
@@ -307,7 +298,7 @@ class RabbitMqOutboxPublisher:
             outage = collateral  # the channel or the connection went, and nothing said why
         if outage is not None:
             self._broker.mark_broken()
-            raise _Outage(outage, sent=sent, refused=refused)
+            raise Outage(outage, sent=sent, refused=refused)
 
     async def _send_all(
         self,
@@ -323,14 +314,16 @@ class RabbitMqOutboxPublisher:
         """
         outcomes: list[BaseException | None] = [None] * len(call)
         tasks: dict[asyncio.Task[Any], int] = {}
+        sends = WatchedSends(self.observer, self._messages, self.exchange_name)
         for index, envelope in enumerate(call):
             try:
-                message = prepared.pop(envelope.event_id, None) or self._messages.build(envelope)
+                message = sends.message(envelope, prepared)
             except Exception as exc:  # a payload JSON cannot carry (NaN): this event fails
                 outcomes[index] = exc
                 continue
             publish = exchange.publish(message, routing_key=envelope.event_type, mandatory=True)
-            tasks[asyncio.ensure_future(publish)] = index
+            tasks[task := asyncio.ensure_future(publish)] = index
+            sends.sent(envelope, task)
         if not tasks:
             return outcomes
         try:

@@ -44,6 +44,8 @@ def build_dispatcher(
             engine, holder=dispatcher_id, lease_seconds=settings.lease_seconds, clock=clock
         )
     observers: list[DispatchObserver] = [metrics] if metrics is not None else []
+    if metrics is not None:  # bounded label sets: the registry's types, nothing else
+        metrics.label_types(event_type for event_type, _version in registry.event_types())
     return OutboxDispatcher(
         engine,
         registry,

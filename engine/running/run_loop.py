@@ -373,4 +373,6 @@ class _RunLoop:
             "waiting_for": self.dispatcher.waiting_for,
             # What it claims: operators see which types no running dispatcher serves.
             "serves": self.dispatcher.served_types,
+            # The last minute's lag, by bucket, when this process measures it (metrics).
+            **({"lag": self.metrics[0].lag_window.as_details()} if self.metrics else {}),
         }

@@ -90,6 +90,7 @@ async def open_dispatcher(
                     exchange=settings.exchange,
                     probe_interval=settings.amqp_probe_seconds,
                     max_probe_interval=settings.amqp_max_probe_seconds,
+                    observer=metrics,
                 )
             )
         yield build_dispatcher(

@@ -36,6 +36,10 @@ class EventEnvelope:
     # Events with the same key are delivered one at a time in write order (None:
     # unordered); the relay sends it as the CloudEvents ``partitionkey`` extension.
     ordering_key: str | None = None
+    # The W3C trace context the event was published in (its outbox write's span, or an
+    # inbound event's sender): its processing continues that trace (engine.tracing).
+    traceparent: str | None = None
+    tracestate: str | None = None
     # The payload's JSON text as stored, when the envelope was built from a row: the relay
     # sends it as is (a decode to floats and back would change numbers such as
     # 12345678901234567.89). Not an init field, so ``dataclasses.replace`` clears it
@@ -101,15 +105,16 @@ class EventEnvelope:
         )
         causes = (row.get("causation_id"), row.get("correlation_id"))
         key = row.get("ordering_key")
+        trace = (row.get("traceparent"), row.get("tracestate"))
         if cls is not EventEnvelope:  # a subclass may have fields of its own
-            return cls(*values, {}, *causes, key)
-        return delivered_envelope(*values, None, *causes, key)
+            return cls(*values, {}, *causes, key, *trace)
+        return delivered_envelope(*values, None, *causes, key, *trace)
 
 
 _new = object.__new__
 # Each field's slot descriptor's __set__, in field order.
 (_ID, _TENANT, _TYPE, _VERSION, _AGG_TYPE, _AGG_ID, _PAYLOAD, _CREATED, _ATTEMPTS, _MAX, _CLAIM,
- _REPLAYS, _METADATA, _CAUSATION, _CORRELATION, _KEY, _RAW) = (
+ _REPLAYS, _METADATA, _CAUSATION, _CORRELATION, _KEY, _TRACEPARENT, _TRACESTATE, _RAW) = (
     EventEnvelope.__dict__[name].__set__ for name in EventEnvelope.__dataclass_fields__
 )  # fmt: skip
 
@@ -136,6 +141,8 @@ def delivered_envelope(
     causation_id: str | None = None,
     correlation_id: str | None = None,
     ordering_key: str | None = None,
+    traceparent: str | None = None,
+    tracestate: str | None = None,
 ) -> EventEnvelope:
     """``EventEnvelope(...)`` with no metadata, for every event a dispatcher delivers.
 
@@ -160,5 +167,7 @@ def delivered_envelope(
     _CAUSATION(envelope, causation_id)
     _CORRELATION(envelope, correlation_id)
     _KEY(envelope, ordering_key)
+    _TRACEPARENT(envelope, traceparent)
+    _TRACESTATE(envelope, tracestate)
     _RAW(envelope, raw_payload)
     return envelope

@@ -31,6 +31,7 @@ from engine.errors import EventValidationError, OutboxTransactionError
 from engine.storage import psycopg_paths
 from engine.storage.drivers import as_dbapi_error, is_asyncpg, is_psycopg
 from engine.storage.schema import outbox_events
+from engine.tracing.publishing import publish_spans
 from engine.writing.models import payload_of
 from engine.writing.registry import EventRegistry, check_ordering_key
 
@@ -125,11 +126,12 @@ class OutboxEventPublisher:
         rows = [self._row(event, context) for event in events]
         if not rows:
             return []
-        dialect = self._session.sync_session.get_bind(clause=_INSERT).dialect
-        if dialect.name != "postgresql" or not await _insert_on_driver(
-            self._session, dialect, rows
-        ):
-            await self._insert_through_session(rows)
+        with publish_spans(rows):  # the trace context each row stores (engine.tracing)
+            dialect = self._session.sync_session.get_bind(clause=_INSERT).dialect
+            if dialect.name != "postgresql" or not await _insert_on_driver(
+                self._session, dialect, rows
+            ):
+                await self._insert_through_session(rows)
         self._session.info[SESSION_EVENTS_WRITTEN] = True
         return [row["id"] for row in rows]
 

@@ -24,6 +24,7 @@ from engine.clock import Clock
 from engine.clock import utc_now as _utc_now
 from engine.context import current_task_context
 from engine.errors import EventValidationError, OutboxTransactionError
+from engine.tracing.publishing import publish_spans
 from engine.writing.publisher import (
     _INSERT,
     SESSION_CONTEXT,
@@ -110,24 +111,30 @@ class SyncOutboxEventPublisher:
             current_task_context()
         )
         rows = [outbox_row(self._registry, self._clock, event, context) for event in events]
-        try:
-            # One executemany per run of rows with the same columns, in write order (see
-            # OutboxEventPublisher._insert_through_session).
-            for _columns, run in itertools.groupby(rows, key=_columns_of):
-                same = list(run)
-                bind.execute(_INSERT, same[0] if len(same) == 1 else same)
-        except StatementError as exc:
-            if isinstance(exc.orig, TypeError | ValueError):
-                message = f"payload is not JSON-serialisable: {exc.orig}"
-                raise EventValidationError(message) from None
-            raise
-        except (TypeError, ValueError) as exc:
-            # psycopg serialises jsonb itself, at execute: its json error is not wrapped.
-            _raise_unless_serialisable(rows, exc)
-            raise
+        with publish_spans(rows):  # the trace context each row stores (engine.tracing)
+            _insert(bind, rows)
         if rows and session is not None:
             session.info[SESSION_EVENTS_WRITTEN] = True
         return [row["id"] for row in rows]
+
+
+def _insert(bind: Session | Connection, rows: list[dict[str, Any]]) -> None:
+    """One executemany per run of rows with the same columns, in write order (see
+    OutboxEventPublisher._insert_through_session); a payload that is not JSON is an
+    ``EventValidationError``."""
+    try:
+        for _columns, run in itertools.groupby(rows, key=_columns_of):
+            same = list(run)
+            bind.execute(_INSERT, same[0] if len(same) == 1 else same)
+    except StatementError as exc:
+        if isinstance(exc.orig, TypeError | ValueError):
+            message = f"payload is not JSON-serialisable: {exc.orig}"
+            raise EventValidationError(message) from None
+        raise
+    except (TypeError, ValueError) as exc:
+        # psycopg serialises jsonb itself, at execute: its json error is not wrapped.
+        _raise_unless_serialisable(rows, exc)
+        raise
 
 
 def _raise_unless_serialisable(rows: list[dict[str, Any]], exc: Exception) -> None:

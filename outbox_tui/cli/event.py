@@ -35,5 +35,6 @@ async def show_event(inv: Invocation) -> int:
     if inv.json:
         inv.out.json(output.event_detail_record(detail))
     else:
-        inv.out.console.print(render_detail(detail, utc_now()))
+        link = inv.settings.console.trace_url_template  # OUTBOX_CONSOLE__TRACE_URL_TEMPLATE
+        inv.out.console.print(render_detail(detail, utc_now(), trace_url_template=link))
     return EXIT_OK

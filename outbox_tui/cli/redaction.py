@@ -7,6 +7,8 @@ from collections.abc import Callable
 from typing import TextIO
 
 from engine.storage.secrets import mask_secrets
+from engine.tracing import TraceContextFilter
+from outbox_tui.cli.log_format import JsonFormatter, TextFormatter
 from outbox_tui.output import Output
 
 
@@ -69,15 +71,20 @@ class SecretFilter(logging.Filter):
 
 
 def configure_logging(level: str, out: Output, redact: Callable[[str], str]) -> None:
-    """One handler on the root logger, on stderr, behind the secret filter."""
+    """One handler on the root logger, on stderr, behind the secret filter: JSON lines in
+    JSON mode, text lines otherwise (Rich's on a terminal); each with its trace ids."""
     handler: logging.Handler
-    if out.err_console.is_terminal:
+    if out.json_mode:
+        handler = logging.StreamHandler(out.err_console.file)
+        handler.setFormatter(JsonFormatter())
+    elif out.err_console.is_terminal:
         from rich.logging import RichHandler
 
         handler = RichHandler(console=out.err_console, show_path=False, markup=False)
     else:
         handler = logging.StreamHandler(out.err_console.file)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(TextFormatter())
+    handler.addFilter(TraceContextFilter())
     handler.addFilter(SecretFilter(redact))
     root = logging.getLogger()
     for existing in list(root.handlers):

@@ -78,6 +78,10 @@ def event_detail_record(detail: EventDetail) -> dict[str, Any]:
         "payload": detail.payload,
         "payload_error": detail.payload_error,
         "chain_id": detail.chain_id,
+        # The stored trace context, read: the trace id (else the payload's trace_id) and
+        # the span the event's own spans hang under.
+        "trace_id": detail.trace_id,
+        "parent_span_id": None if detail.trace_parent is None else detail.trace_parent.span_id,
         "chain": [_plain(link) for link in detail.chain],
         "earlier_in_key": detail.earlier_in_key,
         "handler_runs": [_plain(run) for run in detail.handler_runs],
@@ -104,6 +108,20 @@ def heartbeat_record(hb: HeartbeatView) -> dict[str, Any]:
         "waiting_for": hb.waiting_for,
         "serves": hb.serves,
         "queue": hb.queue,
+    }
+
+
+def lag_record(snapshot: OverviewSnapshot) -> dict[str, Any] | None:
+    lag = snapshot.lag
+    if lag is None:
+        return None
+    return {
+        "window_seconds": lag.window_seconds,
+        "events": lag.events,
+        "dispatchers": lag.dispatchers,
+        "p50_seconds": seconds(lag.p50_seconds),
+        "p90_seconds": seconds(lag.p90_seconds),
+        "p99_seconds": seconds(lag.p99_seconds),
     }
 
 
@@ -181,6 +199,9 @@ def stats_record(
         # Pending or failed events behind a dead-lettered head: they wait for an operator.
         "held_by_dead_letters": snapshot.held_by_dead_letters,
         "heartbeats": [heartbeat_record(hb) for hb in snapshot.heartbeats],
+        # The last minute's outbox lag (creation to start of processing) over the live
+        # dispatchers that measure it (run with metrics); null when none does.
+        "lag": lag_record(snapshot),
         # Waiting events of types no live dispatcher serves: they stay pending.
         "unserved": [
             {

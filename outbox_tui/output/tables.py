@@ -19,7 +19,7 @@ from engine.operating.pauses import PausedBacklog
 from outbox_tui.output.records import ReplayReport, SkipReport, stats_record
 from outbox_tui.output.values import age, iso
 from outbox_tui.safe_text import printable
-from outbox_tui.widgets.format import heartbeat_state_text, served_types
+from outbox_tui.widgets.format import heartbeat_state_text, latency, served_types
 
 _SERVES_CELLS = 40
 
@@ -112,6 +112,12 @@ def stats_tables(
         overview.add_row(status, str(count))
     overview.add_row("total", str(record["total"]))
     overview.add_row("oldest pending age", age(record["oldest_pending_age_seconds"]))
+    if record["lag"] is not None:
+        lag = record["lag"]
+        overview.add_row(
+            f"lag p50 / p90 / p99 (last {age(lag['window_seconds'])}, {lag['events']} events)",
+            " / ".join(latency(lag[f"p{q}_seconds"]) for q in (50, 90, 99)),
+        )
     overview.add_row("stuck in publishing (lease expired)", str(record["stuck_publishing"]))
     window = age(record["recent_window_seconds"])
     overview.add_row(f"published in the last {window}", str(record["published_recent"]))

@@ -63,7 +63,9 @@ class GroupEventsScreen(DetailHost):
         with Horizontal(id="body"):
             with Vertical(id="list"):
                 yield LiteralTable(id="group-events", cursor_type="row", zebra_stripes=True)
-            yield EventDetailPane(id="detail")
+            yield EventDetailPane(
+                id="detail", trace_url_template=self.console.config.trace_url_template
+            )
         yield ConsoleFooter()
 
     def on_mount(self) -> None:

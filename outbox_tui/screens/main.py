@@ -114,7 +114,7 @@ class MainScreen(DetailHost):
         yield ConsumersPanel(id="consumers")
         with Horizontal(id="body"):
             yield self.browser
-            yield EventDetailPane(id="detail")
+            yield EventDetailPane(id="detail", trace_url_template=config.trace_url_template)
         yield ConsoleFooter()
         yield from (self.dead_letters, self.incidents, self.switch, self.recount)
 

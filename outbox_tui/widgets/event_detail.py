@@ -19,6 +19,7 @@ from textual.widgets import Static
 from engine.operating.insights import EventDetail
 from engine.storage.schema import DEAD_LETTER, PUBLISHED
 from outbox_tui.safe_text import printable
+from outbox_tui.widgets.event_trace import trace_rows
 from outbox_tui.widgets.format import (
     MUTED_STYLE,
     one_line,
@@ -261,11 +262,16 @@ def _payload_tree(payload: Any) -> RenderableType:
 
 
 def render_detail(
-    detail: EventDetail, now: datetime, *, waiting: int | None = None
+    detail: EventDetail,
+    now: datetime,
+    *,
+    waiting: int | None = None,
+    trace_url_template: str | None = None,
 ) -> RenderableType:
     """The whole detail as one Rich renderable (also used by tests to read it as text).
 
-    ``waiting``: the events of its ordering key behind it, when the caller counted them.
+    ``waiting``: the events of its ordering key behind it, when the caller counted them;
+    ``trace_url_template``: where an operator opens the event's trace (``{trace_id}``).
     """
     # Stored text (producers', handlers' and outside systems') shown, never sent as control.
     c: dict[str, Any] = {  # as loosely typed as ``EventDetail.columns``, a row's mapping
@@ -280,7 +286,7 @@ def render_detail(
             ("aggregate", Text(f"{c.get('aggregate_type')}:{c.get('aggregate_id')}")),
             *_ordering_rows(detail, now, waiting),
             *_cause_rows(c),
-            ("trace id", Text(printable(detail.trace_id or "—"))),
+            *trace_rows(detail, trace_url_template),
             ("created", _when(c.get("created_at"), now)),
         ]
     )
@@ -358,8 +364,9 @@ def render_detail(
 class EventDetailPane(VerticalScroll):
     """A scrollable pane beside the table; follows the highlighted row while open."""
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *, trace_url_template: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.trace_url_template = trace_url_template
         self.event_id: str | None = None
         self.detail: EventDetail | None = None  # what is shown, for tests and screenshots
         self.waiting: int | None = None
@@ -374,7 +381,10 @@ class EventDetailPane(VerticalScroll):
         self.detail, self.waiting = detail, waiting
         status = str(detail.columns.get("status", ""))
         self.border_subtitle = status.replace("_", " ")
-        self.query_one("#detail-body", Static).update(render_detail(detail, now, waiting=waiting))
+        body = render_detail(
+            detail, now, waiting=waiting, trace_url_template=self.trace_url_template
+        )
+        self.query_one("#detail-body", Static).update(body)
         if new_event:
             self.scroll_home(animate=False)
 

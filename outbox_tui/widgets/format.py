@@ -28,6 +28,13 @@ def status_text(status: str) -> Text:
     return Text(STATUS_LABELS.get(status, status), style=RICH_STATUS_STYLES.get(status, ""))
 
 
+def latency(seconds: float | None) -> str:
+    """``12ms`` below a second, else as ``duration`` says it."""
+    if seconds is not None and seconds < 1:
+        return f"{max(0.0, seconds) * 1000:.0f}ms"
+    return duration(seconds)
+
+
 def duration(seconds: float | None) -> str:
     """``42s``, ``4m 12s``, ``5m``, ``3h 05m``, ``2d 4h``; an em dash for None."""
     if seconds is None:

@@ -17,7 +17,14 @@ from textual.widgets import Static
 
 from engine.operating.insights import OverviewSnapshot, TypeCounts
 from engine.service.incidents import PausedBacklog
-from outbox_tui.widgets.format import RICH_STATUS_STYLES, compact, count, duration, fitted
+from outbox_tui.widgets.format import (
+    RICH_STATUS_STYLES,
+    compact,
+    count,
+    duration,
+    fitted,
+    latency,
+)
 from outbox_tui.widgets.pauses import PausesLine
 from outbox_tui.widgets.top_types import TopTypesLine, TopTypesPanel
 from outbox_tui.widgets.trend import TrendLine, TrendsPanel, TrendView
@@ -225,10 +232,16 @@ class OverviewPanel(Vertical):
             purge = (compact(snap.awaiting_purge), "bold")
             purge_note = f" (retention {duration(snap.retention_seconds)})"
         last = (compact(throughput[-1]) if throughput else "—", "bold")
+        lag = snap.lag  # from the dispatchers that measure it (metrics on)
+        lag_parts: list[tuple[str, str]] = []
+        if lag is not None and lag.events:
+            p50, p99 = latency(lag.p50_seconds), latency(lag.p99_seconds)
+            lag_parts = [("  ·  lag p50 ", MUTED), (p50, "bold"), (" p99 ", MUTED), (p99, "bold")]
         full = Text.assemble(
             ("oldest pending ", MUTED),
             age,
             (f" (warn {warn}, crit {critical})", MUTED),
+            *lag_parts,
             ("  ·  stuck publishing (lease expired) ", MUTED),
             stuck_count,
             ("  ·  awaiting purge ", MUTED),
@@ -242,6 +255,7 @@ class OverviewPanel(Vertical):
         short = Text.assemble(
             ("oldest pending ", MUTED),
             age,
+            *lag_parts,
             ("  ·  stuck ", MUTED),
             stuck_count,
             ("  ·  purge ", MUTED),

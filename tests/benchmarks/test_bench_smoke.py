@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.bench import ALL
+
 ROOT = Path(__file__).resolve().parents[2]
 HAS_PGQUEUER = importlib.util.find_spec("pgqueuer") is not None
 
@@ -42,7 +44,7 @@ def test_smoke_run_reports_every_comparison(pg_url: str, amqp_url: str, tmp_path
     # b must run the dispatcher with --max-concurrency: the harness reads it from its help.
     assert result["machine"]["max_concurrency"] == "has --max-concurrency"
     by_id = {rec["id"]: rec for rec in result["scenarios"]}
-    assert sorted(by_id) == list("abcdefghijklmno")
+    assert sorted(by_id) == sorted(ALL)
     assert not [rec for rec in result["scenarios"] if rec["status"] == "error"]
 
     for sid in "ab":
@@ -81,6 +83,10 @@ def test_smoke_run_reports_every_comparison(pg_url: str, amqp_url: str, tmp_path
     for sid in "no":  # the inbox: consumed into the outbox; end to end through B's handler
         assert by_id[sid]["status"] == "ok", by_id[sid]
     assert by_id["o"]["ours"]["runs"][0]["duplicates"] == 0
+    tracing = by_id["p"]  # the same drain traced (the SDK, spans dropped) and not
+    assert tracing["status"] == "ok", tracing
+    assert min(tracing["cpu_us_per_event"].values()) > 0
+    assert "cost_us_per_event" in tracing
 
     sqlite = by_id["j"]  # a SQLite file in the workdir: no service to skip for
     assert sqlite["status"] == "ok", sqlite

@@ -26,7 +26,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from unittest import mock
 
-from sqlalchemy import select, update
+from sqlalchemy import select, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 from textual.command import CommandList, CommandPalette
 from textual.pilot import Pilot
@@ -46,6 +46,7 @@ from engine.inbox.heartbeat import CONSUMER_KIND, ConsumerTotals, consumer_detai
 from engine.operating.insights import EventSummary
 from engine.operating.pauses import pause
 from engine.running.heartbeat import Heartbeat
+from engine.running.lag import LAG_BUCKETS
 from engine.service import load_registry
 from engine.settings import DispatcherSettings
 from engine.storage.schema import DEAD_LETTER, outbox_events
@@ -640,6 +641,47 @@ async def scene_inbound_dead_letter(pilot: Pilot[object], clock: FixedClock) -> 
     await _detail_of(pilot, lambda e: e.event_type == "inbox.undecodable")
 
 
+TRACE_URL = "https://tempo.example.com/trace/{trace_id}"
+
+
+async def stamp_traces() -> None:
+    """What a traced service's outbox holds: each event's W3C context (its trace id the
+    payload's, a span id from its own id), and a live dispatcher's last-minute lag."""
+    lag = [0] * (len(LAG_BUCKETS) + 1)
+    for bound, count in ((0.01, 310), (0.025, 120), (0.1, 40), (0.5, 9), (2.5, 2)):
+        lag[LAG_BUCKETS.index(bound)] = count
+    window = json.dumps({"window_seconds": 60.0, "le": list(LAG_BUCKETS), "counts": lag})
+    engine = create_engine(SHOWCASE_URL)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(
+                text(
+                    "UPDATE outbox_events SET traceparent = '00-' ||"
+                    " json_extract(payload, '$.trace_id') || '-' ||"
+                    " substr(replace(id, '-', ''), 17, 16) || '-01'"
+                )
+            )
+            await conn.execute(
+                text(
+                    "UPDATE process_heartbeats SET details = json_set(details, '$.lag',"
+                    " json(:window)) WHERE instance_id = 'orders-worker-1'"
+                ),
+                {"window": window},
+            )
+    finally:
+        await engine.dispose()
+
+
+async def scene_trace_detail(pilot: Pilot[object], clock: FixedClock) -> None:
+    """A traced service's failed event: its trace id, parent span and the link
+    ``--trace-url-template`` makes; the health line with the lag the dispatcher reports."""
+    await stamp_traces()
+    app = await _first_refresh(pilot)
+    app.main.query_one(EventDetailPane).trace_url_template = TRACE_URL
+    await _refreshed(pilot)  # no warm-up: the detail is the point, and it costs seconds
+    await _detail_of(pilot, lambda e: e.status == "failed")
+
+
 SCENES: dict[str, Callable[[Pilot[object], FixedClock], Awaitable[None]]] = {
     "overview": scene_overview,
     "overview-paused": scene_overview_paused,
@@ -659,6 +701,7 @@ SCENES: dict[str, Callable[[Pilot[object], FixedClock], Awaitable[None]]] = {
     "catalog": scene_catalog,
     "inbox": scene_inbox,
     "inbound-dead-letter": scene_inbound_dead_letter,
+    "trace-detail": scene_trace_detail,
 }
 # The sizes operators have (80x24), the one the screenshots use, and a big terminal.
 SIZES = {"80x24": (80, 24), "160x45": SIZE, "160x48": (160, 48)}

@@ -254,6 +254,8 @@ def _row(**changes):
         "created_at": datetime(2026, 12, 3, 12, 0, tzinfo=UTC),
         "causation_id": "0193f2c4-0000-7000-8000-000000000000",
         "correlation_id": "0193f2c4-0000-7000-8000-00000000000a",
+        "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        "tracestate": "vendor=abc",
         "payload": '{"tenant_id": "acme"}',
     }
     row.update(changes)
@@ -283,6 +285,8 @@ def test_an_envelope_from_a_row_is_the_one_its_constructor_makes():
         causation_id=row["causation_id"],
         correlation_id=row["correlation_id"],
         ordering_key="order:o-1",
+        traceparent=row["traceparent"],
+        tracestate="vendor=abc",
     )
     assert built.chain_id == row["correlation_id"]
     assert made.chain_id == made.event_id  # a first event is its own chain

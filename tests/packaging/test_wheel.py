@@ -229,6 +229,19 @@ def test_the_installed_command_line_works_on_sqlite(venv: Venv) -> None:
     assert stats["total"] == 24 and counts["pending"] == 4
     assert counts["published"] > 0 and counts["failed"] > 0 and counts["dead_letter"] > 0
     assert round_["published"] == counts["published"]
+    # Installed as a user installs it: OpenTelemetry's API only, no SDK. Nothing is traced
+    # and no row gets a stored trace context (tests/tracing has the SDK).
+    untraced = venv.python(
+        """
+        import importlib.util, sqlite3, sys
+        assert importlib.util.find_spec("opentelemetry.trace") is not None
+        assert importlib.util.find_spec("opentelemetry.sdk") is None
+        with sqlite3.connect(sys.argv[1]) as db:
+            print(db.execute("SELECT count(traceparent) FROM outbox_events").fetchone()[0])
+        """,
+        str(venv.work / "cli.db"),
+    )
+    assert untraced.strip() == "0"
     dead = json.loads(venv("dead-letter", "list", *common).stdout)
     assert len(dead) == counts["dead_letter"]
     assert {row["event_type"] for row in dead} <= {"orders.placed", "orders.cancelled"}
