@@ -489,7 +489,10 @@ def _check_url(settings: OutboxSettings, flags: Collection[str] | None) -> Outbo
 
 
 def load_settings_for_reading(
-    *, flags: Collection[str] | None = None, **overrides: Any
+    *,
+    flags: Collection[str] | None = None,
+    strict_sections: Collection[str] = (),
+    **overrides: Any,
 ) -> tuple[OutboxSettings, str | None]:
     """Like ``load_settings``, but a bad dispatcher or console section is not raised.
 
@@ -499,6 +502,8 @@ def load_settings_for_reading(
     must still be right) and validation goes on. The dispatcher's problem comes
     back as the second item (``stats`` says what it could not count); a console
     problem does not, because no read-only command uses the console's settings.
+    ``strict_sections`` raise as ``load_settings`` raises: the sections the command
+    reads (``catalog`` describes the consumer's queue and bindings).
     """
     init = _init_values(overrides)
     problem: str | None = None
@@ -510,7 +515,7 @@ def load_settings_for_reading(
             loc = exc.errors()[0]["loc"]
             section = str(loc[0]) if loc else ""
             message = describe_validation_error(exc, flags=flags)
-            if section not in _SECTIONS or section in fallen:
+            if section not in _SECTIONS or section in fallen or section in strict_sections:
                 raise ConfigurationError(message) from None
             fallen.add(section)
             if section == "dispatcher":

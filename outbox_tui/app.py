@@ -48,6 +48,9 @@ class ConsoleConfig:
     installed_apps: tuple[str, ...] = ()
     amqp_url: str | None = None
     exchange: str | None = None
+    # The inbox's queue and bindings (OUTBOX_CONSUMER__*): the catalog says what it receives.
+    queue: str | None = None
+    bindings: tuple[str, ...] = ()
     amqp_probe_seconds: float = 1.0  # the relay's circuit breaker (engine.settings)
     amqp_max_probe_seconds: float = 30.0
     refresh_seconds: float = 1.0

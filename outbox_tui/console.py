@@ -78,6 +78,8 @@ def prepare_console(
         installed_apps=tuple(installed_apps),
         amqp_url=settings.amqp_url,
         exchange=settings.exchange,
+        queue=settings.consumer.queue,
+        bindings=settings.consumer.bindings,
         amqp_probe_seconds=settings.amqp_probe_seconds,
         amqp_max_probe_seconds=settings.amqp_max_probe_seconds,
         refresh_seconds=settings.console.refresh_seconds,

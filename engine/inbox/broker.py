@@ -40,6 +40,7 @@ from pamqp.common import FieldTable
 
 from engine.errors import BrokerUnavailableError, ConfigurationError
 from engine.inbox.decoding import ReceivedMessage
+from engine.inbox.topics import split_binding
 from engine.relay.broker import check_amqp_url, quiet_driver_logs
 from engine.storage.secrets import mask_secrets, mask_url
 
@@ -84,7 +85,7 @@ class Subscription:
         check_amqp_url(url)
         self.url = url
         self.queue = queue
-        self.bindings = [_split_binding(b) for b in bindings]
+        self.bindings = [split_binding(b) for b in bindings]
         self.prefetch = prefetch
         self.passive = passive
         self.single_active_consumer = single_active_consumer
@@ -223,11 +224,6 @@ async def _exchange(
         if not probe.is_closed:
             await probe.close()
     return await channel.get_exchange(name, ensure=False)
-
-
-def _split_binding(binding: str) -> tuple[str, str]:
-    exchange, _, routing_key = binding.partition(":")
-    return exchange, routing_key
 
 
 def _timestamp(value: Any) -> datetime | None:

@@ -2,7 +2,9 @@
 
 Built from a registry alone (no database): each event type with its versions and their
 payload schemas as JSON Schema, its handlers, its ordering, and where the RabbitMQ relay
-publishes it. ``catalog_record`` is the ``outbox-tui catalog --json`` object,
+publishes it; and, when the inbox's queue and bindings are given (the settings ``outbox-tui
+consume`` reads), which of those types the inbox receives. ``catalog_record`` is the
+``outbox-tui catalog --json`` object, ``engine.service.asyncapi``'s
 ``asyncapi_document`` the ``--asyncapi`` AsyncAPI 3.0 document; the console shows the same
 ``Catalog``.
 
@@ -14,12 +16,11 @@ own (``model_json_schema``).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
+from engine.inbox.topics import split_binding, topic_matches
 from engine.writing.models import ModelSchema
 from engine.writing.registry import EventRegistry
 from engine.writing.schema_spec import (
@@ -29,8 +30,6 @@ from engine.writing.schema_spec import (
     FieldType,
 )
 
-ASYNCAPI_VERSION = "3.0.0"
-CLOUDEVENTS_CONTENT_TYPE = "application/cloudevents+json"
 _JSON_TYPES = {
     str: "string",
     int: "integer",
@@ -40,7 +39,6 @@ _JSON_TYPES = {
     list: "array",
     type(None): "null",
 }
-_ID = re.compile(r"[^\w.\-]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,19 +70,62 @@ class CatalogEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class InboxBinding:
+    """One binding of the inbox's queue, and the registered types its routing key matches
+    (the relay publishes a type with the type as routing key)."""
+
+    exchange: str
+    routing_key: str
+    event_types: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        """``EXCHANGE:ROUTING_KEY``, as ``--bind`` takes it."""
+        return f"{self.exchange}:{self.routing_key}"
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogInbox:
+    """What ``outbox-tui consume`` takes in: its queue (None: not given) and bindings."""
+
+    queue: str | None = None
+    bindings: tuple[InboxBinding, ...] = ()
+
+    @property
+    def configured(self) -> bool:
+        return self.queue is not None or bool(self.bindings)
+
+    @property
+    def event_types(self) -> tuple[str, ...]:
+        """The registered types some binding routes to the queue, sorted."""
+        return tuple(sorted({t for b in self.bindings for t in b.event_types}))
+
+    def bindings_for(self, event_type: str) -> tuple[InboxBinding, ...]:
+        return tuple(b for b in self.bindings if event_type in b.event_types)
+
+
+@dataclass(frozen=True, slots=True)
 class Catalog:
-    """Every event type the installed apps declare, and the relay's exchange."""
+    """Every event type the installed apps declare, the relay's exchange and the inbox."""
 
     apps: tuple[str, ...]
     exchange: str
     relaying: bool
     entries: tuple[CatalogEntry, ...]
+    inbox: CatalogInbox = CatalogInbox()
 
 
 def build_catalog(
-    registry: EventRegistry, *, apps: Iterable[str], exchange: str, relaying: bool
+    registry: EventRegistry,
+    *,
+    apps: Iterable[str],
+    exchange: str,
+    relaying: bool,
+    queue: str | None = None,
+    bindings: Iterable[str] = (),
 ) -> Catalog:
-    """The catalog of ``registry``'s event types, sorted by type."""
+    """The catalog of ``registry``'s event types, sorted by type. ``queue`` and
+    ``bindings`` (``EXCHANGE:ROUTING_KEY``) are the inbox's, as ``consume`` takes them."""
     entries = []
     for event_type in sorted({t for t, _v in registry.event_types()}):
         ordering = registry.ordering(event_type)
@@ -105,7 +146,23 @@ def build_catalog(
                 routing_key=event_type,
             )
         )
-    return Catalog(tuple(apps), exchange, relaying, tuple(entries))
+    types = [entry.event_type for entry in entries]
+    return Catalog(
+        tuple(apps), exchange, relaying, tuple(entries), inbox_of(types, queue, bindings)
+    )
+
+
+def inbox_of(
+    event_types: Iterable[str], queue: str | None, bindings: Iterable[str]
+) -> CatalogInbox:
+    """The inbox's bindings, each with the ``event_types`` its routing key matches."""
+    known = sorted(event_types)
+    found = []
+    for binding in dict.fromkeys(bindings):  # a binding given twice binds once
+        exchange, routing_key = split_binding(binding)
+        matched = tuple(t for t in known if topic_matches(routing_key, t))
+        found.append(InboxBinding(exchange, routing_key, matched))
+    return CatalogInbox(queue, tuple(found))
 
 
 def _version(registry: EventRegistry, event_type: str, version: int) -> CatalogVersion:
@@ -185,159 +242,22 @@ def catalog_record(catalog: Catalog) -> dict[str, Any]:
             }
             for entry in catalog.entries
         ],
+        "inbox": inbox_record(catalog.inbox),
     }
 
 
-# -- outbox-tui catalog --asyncapi ---------------------------------------------------------
-
-
-def asyncapi_document(
-    catalog: Catalog, *, title: str, version: str, amqp_url: str | None = None
-) -> dict[str, Any]:
-    """An AsyncAPI 3.0 document of what the relay sends: one channel per event type (its
-    routing key on the topic exchange), one message per version (a CloudEvents JSON body
-    whose ``data`` is the payload), one ``send`` operation per type. Handlers and
-    ordering ride along as ``x-outbox-*`` extensions. ``amqp_url`` (its host only, never
-    its credentials) names the server."""
-    schemas: dict[str, Any] = {}
-    messages: dict[str, Any] = {}
-    channels: dict[str, Any] = {}
-    operations: dict[str, Any] = {}
-    for entry in catalog.entries:
-        channel_id = _identifier(entry.event_type)
-        channel_messages = {}
-        for v in entry.versions:
-            message_id = _identifier(f"{entry.event_type}.v{v.version}")
-            schemas[message_id] = _hoisted(v.json_schema, schemas)
-            messages[message_id] = {
-                "name": message_id,
-                "title": f"{entry.event_type} v{v.version}",
-                "contentType": CLOUDEVENTS_CONTENT_TYPE,
-                "payload": _cloudevent_schema(entry.event_type, v.version, message_id),
-                "bindings": {"amqp": {"messageType": entry.event_type, "bindingVersion": "0.3.0"}},
-            }
-            channel_messages[message_id] = {"$ref": f"#/components/messages/{message_id}"}
-        channels[channel_id] = {
-            "address": entry.routing_key,
-            "title": entry.event_type,
-            "messages": channel_messages,
-            "bindings": {
-                "amqp": {
-                    "is": "routingKey",
-                    "exchange": {
-                        "name": catalog.exchange,
-                        "type": "topic",
-                        "durable": True,
-                        "autoDelete": False,
-                        "vhost": "/",
-                    },
-                    "bindingVersion": "0.3.0",
-                }
-            },
-            "x-outbox-handlers": [
-                {"key": h.key, "transactional": h.transactional} for h in entry.handlers
-            ],
-            "x-outbox-ordering": None
-            if entry.ordering_key is None
-            else {"key": entry.ordering_key, "onDeadLetter": entry.on_dead_letter},
-        }
-        operations[_identifier(f"send.{entry.event_type}")] = {
-            "action": "send",
-            "title": f"relay {entry.event_type}",
-            "summary": f"The outbox relay publishes {entry.event_type} once its row commits.",
-            "channel": {"$ref": f"#/channels/{channel_id}"},
-            "messages": [
-                {"$ref": f"#/channels/{channel_id}/messages/{message_id}"}
-                for message_id in channel_messages
-            ],
-        }
-    document: dict[str, Any] = {
-        "asyncapi": ASYNCAPI_VERSION,
-        "info": {
-            "title": title,
-            "version": version,
-            "description": "Events written by the transactional outbox (outbox-tui) and "
-            f"relayed to the RabbitMQ topic exchange {catalog.exchange!r}.",
-        },
-        "defaultContentType": CLOUDEVENTS_CONTENT_TYPE,
-        "channels": channels,
-        "operations": operations,
-        "components": {"schemas": schemas, "messages": messages},
-    }
-    if amqp_url:
-        document["servers"] = {"rabbitmq": _server(amqp_url)}
-    return document
-
-
-def _identifier(text: str) -> str:
-    """A component or channel key AsyncAPI accepts (letters, digits, ``.``, ``-``, ``_``)."""
-    return _ID.sub("_", text)
-
-
-def _hoisted(schema: Mapping[str, Any], into: dict[str, Any]) -> dict[str, Any]:
-    """``schema`` without its ``$defs``, which go to ``components/schemas`` under their
-    names, with every ``#/$defs/X`` reference pointing there."""
-    result = dict(schema)
-    for name, definition in dict(result.pop("$defs", {})).items():
-        into.setdefault(_identifier(name), _rewritten(definition))
-    rewritten: dict[str, Any] = _rewritten(result)
-    return rewritten
-
-
-def _rewritten(value: Any) -> Any:
-    if isinstance(value, dict):
-        out = {k: _rewritten(v) for k, v in value.items()}
-        ref = out.get("$ref")
-        if isinstance(ref, str) and ref.startswith("#/$defs/"):
-            out["$ref"] = "#/components/schemas/" + _identifier(ref.removeprefix("#/$defs/"))
-        return out
-    if isinstance(value, list):
-        return [_rewritten(v) for v in value]
-    return value
-
-
-def _cloudevent_schema(event_type: str, version: int, payload_id: str) -> dict[str, Any]:
-    """The relay's CloudEvents 1.0 structured body (docs/relay.md), ``data`` = the payload."""
-    text = {"type": "string"}
+def inbox_record(inbox: CatalogInbox) -> dict[str, Any]:
+    """The ``inbox`` key of ``catalog --json``: queue, bindings and the types they route."""
     return {
-        "type": "object",
-        "required": [
-            "specversion",
-            "id",
-            "source",
-            "type",
-            "subject",
-            "time",
-            "datacontenttype",
-            "data",
-            "tenantid",
-            "eventversion",
-            "aggregatetype",
-            "aggregateid",
+        "configured": inbox.configured,
+        "queue": inbox.queue,
+        "bindings": [
+            {
+                "exchange": b.exchange,
+                "routing_key": b.routing_key,
+                "event_types": list(b.event_types),
+            }
+            for b in inbox.bindings
         ],
-        "properties": {
-            "specversion": {"const": "1.0"},
-            "id": text,
-            "source": text,
-            "type": {"const": event_type},
-            "subject": text,
-            "time": {"type": "string", "format": "date-time"},
-            "datacontenttype": {"const": "application/json"},
-            "data": {"$ref": f"#/components/schemas/{payload_id}"},
-            "tenantid": text,
-            "eventversion": {"const": version},
-            "aggregatetype": text,
-            "aggregateid": text,
-            "traceid": text,
-            "traceparent": text,
-        },
+        "event_types": list(inbox.event_types),
     }
-
-
-def _server(amqp_url: str) -> dict[str, Any]:
-    url = urlsplit(amqp_url)
-    host = url.hostname or "localhost"
-    if url.port:
-        host = f"{host}:{url.port}"
-    secure = url.scheme == "amqps"
-    return {"host": host, "protocol": "amqps" if secure else "amqp", "protocolVersion": "0.9.1"}

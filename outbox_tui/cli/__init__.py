@@ -56,6 +56,9 @@ COMMAND_GROUPS: tuple[ModuleType, ...] = (
 # Commands that need every setting valid; the others only read and go on without a bad
 # dispatcher setting (stats says what it could not count).
 STRICT_SETTINGS = ("console", "dispatch", "dispatch-once", "consume")
+# The settings sections a read-only command reads: their errors stop it (any other
+# section's falls back to its defaults).
+STRICT_SECTIONS: dict[str, tuple[str, ...]] = {"catalog": ("consumer",)}
 DISPATCH_ALIAS = "--dispatch"
 
 __all__ = ["RedactingStream", "Redactor", "SecretFilter", "build_parser", "main"]
@@ -183,7 +186,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     def resolved() -> int:
         nonlocal inv
         inv = resolve(
-            args, command=command, strict_settings=command in STRICT_SETTINGS, flags=flags
+            args,
+            command=command,
+            strict_settings=command in STRICT_SETTINGS,
+            flags=flags,
+            strict_sections=STRICT_SECTIONS.get(command, ()),
         )
         return EXIT_USAGE if inv is None else 0
 

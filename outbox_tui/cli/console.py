@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from engine.settings import ConsoleSettings, OutboxSettings
-from outbox_tui.cli.options import Invocation, add_broker, add_settings
+from engine.settings import ConsoleSettings, ConsumerSettings, OutboxSettings
+from outbox_tui.cli.options import Invocation, add_bindings, add_broker, add_settings
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
@@ -21,6 +21,10 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     # The console's replay dialogs warn about events older than the consumers' window.
     add_settings(group, OutboxSettings, ("dedup_window_seconds",))
     add_broker(parser)
+    # The catalog (c) says what the inbox receives: its queue and bindings, as consume's.
+    inbox = parser.add_argument_group("the inbox the catalog shows (as consume takes it)")
+    add_settings(inbox, ConsumerSettings, ("queue",))
+    add_bindings(inbox)
 
 
 def console(inv: Invocation) -> int:

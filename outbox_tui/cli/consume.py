@@ -26,6 +26,7 @@ from outbox_tui.cli.errors import EXIT_OK
 from outbox_tui.cli.event_loop import STOP_REQUESTED
 from outbox_tui.cli.options import (
     Invocation,
+    add_bindings,
     add_json,
     add_settings,
     positive_int,
@@ -66,15 +67,7 @@ def register(sub: Any) -> None:
     queue = p.add_argument_group("consumer settings (override OUTBOX_CONSUMER__*)")
     names = tuple(n for n in ConsumerSettings.model_fields if n != "bindings")
     add_settings(queue, ConsumerSettings, names[:1])
-    queue.add_argument(
-        "--bind",
-        metavar="EXCHANGE:ROUTING_KEY",
-        action="append",
-        dest="bindings",
-        default=argparse.SUPPRESS,
-        help="bind the queue to EXCHANGE by ROUTING_KEY (# and * as in topic exchanges); "
-        "repeatable (env OUTBOX_CONSUMER__BINDINGS, a JSON list)",
-    )
+    add_bindings(queue)
     add_settings(queue, ConsumerSettings, names[1:])
     run_group = p.add_argument_group("run (override OUTBOX_DISPATCHER__*)")
     add_settings(run_group, DispatcherSettings, RUN_SETTINGS)

@@ -136,6 +136,19 @@ def add_broker(parser: argparse.ArgumentParser) -> None:
     add_settings(group, OutboxSettings, BROKER_SETTINGS)
 
 
+def add_bindings(group: argparse._ActionsContainer) -> None:
+    """``--bind EXCHANGE:ROUTING_KEY``, repeatable: the inbox's bindings (``bindings``)."""
+    group.add_argument(
+        "--bind",
+        metavar="EXCHANGE:ROUTING_KEY",
+        action="append",
+        dest="bindings",
+        default=argparse.SUPPRESS,
+        help="bind the queue to EXCHANGE by ROUTING_KEY (# and * as in topic exchanges); "
+        "repeatable (env OUTBOX_CONSUMER__BINDINGS, a JSON list)",
+    )
+
+
 def add_settings(
     group: argparse._ActionsContainer, model: type[BaseModel], names: tuple[str, ...] | None = None
 ) -> None:
@@ -252,18 +265,22 @@ def resolve(
     command: str,
     strict_settings: bool,
     flags: Collection[str] | None = None,
+    strict_sections: Collection[str] = (),
 ) -> Invocation:
     """Settings from flags over ``OUTBOX_...`` variables, and the redacting output.
 
     ``flags`` are the command's own options: a settings error names the flag only when
-    the command has it (otherwise just the ``OUTBOX_...`` variable).
+    the command has it (otherwise just the ``OUTBOX_...`` variable). ``strict_sections``:
+    the sections a read-only command reads, whose errors stop it.
     """
     overrides = {name: getattr(args, name) for name in SETTING_NAMES if hasattr(args, name)}
     problem = None
     if strict_settings:
         settings = load_settings(flags=flags, **overrides)
     else:
-        settings, problem = load_settings_for_reading(flags=flags, **overrides)
+        settings, problem = load_settings_for_reading(
+            flags=flags, strict_sections=strict_sections, **overrides
+        )
     redact = Redactor()
     redact.add(settings.database_url)
     redact.add(settings.amqp_url)

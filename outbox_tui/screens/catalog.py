@@ -1,7 +1,8 @@
 """The event catalog (``c``): what the installed apps declare, as ``outbox-tui catalog``.
 
 One row per event type (versions and what their schemas are, handlers, ordering, the
-relay's routing key); the highlighted type's versions and payload JSON Schemas in full
+relay's routing key), the inbox's queue and bindings above it (from the settings
+``consume`` reads); the highlighted type's versions and payload JSON Schemas in full
 underneath. Built from the console's registry (``engine.service.catalog``): no database
 call, so nothing waits.
 """
@@ -18,13 +19,14 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Static
 
-from engine.service.catalog import Catalog, CatalogEntry, build_catalog
+from engine.service.catalog import Catalog, CatalogEntry, CatalogInbox, build_catalog
 from engine.settings import DEFAULT_EXCHANGE
 from outbox_tui.screens.base import ConsoleScreen
 from outbox_tui.widgets.footer import ConsoleFooter
 from outbox_tui.widgets.format import (
     MUTED_STYLE,
     catalog_handlers,
+    catalog_inbox,
     catalog_ordering,
     catalog_versions,
 )
@@ -33,14 +35,21 @@ from outbox_tui.widgets.literal_table import LiteralTable
 if TYPE_CHECKING:
     from outbox_tui.app import OutboxConsole
 
+NO_INBOX = CatalogInbox()
 
-def entry_detail(entry: CatalogEntry) -> Text:
-    """``entry`` in full: routing, handlers, and each version's payload fields, one line
-    each (``outbox-tui catalog --json`` has the whole JSON Schema)."""
+
+def entry_detail(entry: CatalogEntry, inbox: CatalogInbox = NO_INBOX) -> Text:
+    """``entry`` in full: routing, handlers, the inbox bindings that receive it, and each
+    version's payload fields, one line each (``outbox-tui catalog --json`` has the whole
+    JSON Schema)."""
     text = Text()
     text.append(f"{entry.event_type} ·", style="bold")
     text.append(f" routing key {entry.routing_key} · {catalog_ordering(entry)}\n")
     text.append(f"handlers: {catalog_handlers(entry)}\n")
+    received = inbox.bindings_for(entry.event_type)
+    if received:
+        queue = f" on {inbox.queue}" if inbox.queue else ""
+        text.append(f"inbox: received{queue} by {', '.join(b.name for b in received)}\n")
     for version in entry.versions:
         source = version.model or version.schema_kind
         text.append(f"\nv{version.version} ({source})\n", style="bold")
@@ -79,6 +88,8 @@ class CatalogScreen(ConsoleScreen):
             apps=config.installed_apps,
             exchange=config.exchange or DEFAULT_EXCHANGE,
             relaying=config.amqp_url is not None,
+            queue=config.queue,
+            bindings=config.bindings,
         )
 
     def compose(self) -> ComposeResult:
@@ -90,6 +101,10 @@ class CatalogScreen(ConsoleScreen):
             f"{catalog.exchange} (topic), {relay}",
             id="catalog-title",
         )
+        inbox = catalog_inbox(catalog.inbox) or [
+            "no inbox: --queue and --bind, as consume takes them"
+        ]
+        yield Static(Text("\n".join(inbox)), id="catalog-inbox")  # names, not markup
         yield LiteralTable(id="catalog-types", cursor_type="row", zebra_stripes=True)
         with VerticalScroll(id="catalog-detail-scroll"):
             yield Static("", id="catalog-detail")
@@ -125,7 +140,7 @@ class CatalogScreen(ConsoleScreen):
                 )
             )
             return
-        detail.update(entry_detail(entry))
+        detail.update(entry_detail(entry, self.catalog.inbox))
 
     def highlighted(self) -> CatalogEntry | None:
         entries = self.catalog.entries

@@ -9,7 +9,7 @@ from typing import Any
 from rich.cells import cell_len
 from rich.text import Text
 
-from engine.service.catalog import CatalogEntry
+from engine.service.catalog import CatalogEntry, CatalogInbox
 from outbox_tui.safe_text import printable
 
 # Rich styles: cells and detail sections are Rich renderables (no Textual variables).
@@ -188,3 +188,17 @@ def catalog_ordering(entry: CatalogEntry) -> str:
     if entry.ordering_key is None:
         return "unordered"
     return f"by {entry.ordering_key}, dead letter: {entry.on_dead_letter}"
+
+
+def catalog_inbox(inbox: CatalogInbox) -> list[str]:
+    """The inbox in lines: its queue, then each binding with the registered types it
+    routes (``→ no registered type``: its events would wait unserved). Empty when no
+    queue or binding is given."""
+    if not inbox.configured:
+        return []
+    queue = f"queue {inbox.queue}" if inbox.queue else "no queue given"
+    lines = [f"inbox: {queue}" + ("" if inbox.bindings else ", no bindings given")]
+    for binding in inbox.bindings:
+        types = ", ".join(binding.event_types) or "no registered type"
+        lines.append(f"  {binding.name} → {types}")
+    return lines

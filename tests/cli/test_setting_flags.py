@@ -19,7 +19,14 @@ from pydantic import BaseModel
 
 from engine.errors import ConfigurationError
 from engine.settings import OutboxSettings, env_of, flag_of
-from outbox_tui.cli import STRICT_SETTINGS, _options, _parsers, _subcommands, build_parser
+from outbox_tui.cli import (
+    STRICT_SECTIONS,
+    STRICT_SETTINGS,
+    _options,
+    _parsers,
+    _subcommands,
+    build_parser,
+)
 from outbox_tui.cli.options import resolve
 
 from .conftest import APP, Cli, sqlite_only
@@ -103,8 +110,15 @@ def test_every_setting_has_its_flag_on_some_parser(loc: tuple[str, ...]) -> None
 def _settings_message(command: str, flags: set[str]) -> str | None:
     """The error (or, for a read-only command, the reported problem) resolving gives."""
     strict = command in STRICT_SETTINGS
+    sections = STRICT_SECTIONS.get(command, ())
     try:
-        inv = resolve(argparse.Namespace(), command=command, strict_settings=strict, flags=flags)
+        inv = resolve(
+            argparse.Namespace(),
+            command=command,
+            strict_settings=strict,
+            flags=flags,
+            strict_sections=sections,
+        )
     except ConfigurationError as exc:
         return str(exc)
     return inv.settings_problem
@@ -126,6 +140,7 @@ def test_an_invalid_variable_names_a_flag_the_command_accepts(
         if message is None:  # a read-only command went on without the section
             assert loc[0] in ("dispatcher", "console", "consumer")
             assert command not in STRICT_SETTINGS
+            assert loc[0] not in STRICT_SECTIONS.get(command, ())
             continue
         assert "\n" not in message
         assert message.startswith(variable), (command, message)

@@ -241,7 +241,13 @@ async def _heartbeats(engine: AsyncEngine, clock: FixedClock) -> None:
 def showcase_app(clock: FixedClock | None = None, **config: object) -> OutboxConsole:
     """The console on the showcase database, polling only when asked."""
     return make_app(
-        ConsoleConfig(SHOWCASE_URL, refresh_seconds=3600, **config),  # type: ignore[arg-type]
+        ConsoleConfig(
+            SHOWCASE_URL,
+            refresh_seconds=3600,
+            queue=INBOX_QUEUE,  # what the catalog (c) says the inbox receives
+            bindings=INBOX_BINDINGS,
+            **config,  # type: ignore[arg-type]
+        ),
         registry=registry(),
         clock=clock or FixedClock(),
         dispatch_settings=DispatcherSettings(retention_seconds=180),
@@ -514,6 +520,7 @@ async def scene_catalog(pilot: Pilot[object], clock: FixedClock) -> None:
 
 
 INBOX_QUEUE = "orders.from-storefront"
+INBOX_BINDINGS = ("storefront.events:orders.#",)
 
 
 def _inbound_messages() -> list[ReceivedMessage]:
