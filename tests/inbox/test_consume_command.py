@@ -21,6 +21,7 @@ from tests.inbox.proxy import HoldingProxy
 pytestmark = [pytest.mark.rabbitmq]
 
 APP = "tests.inbox.inbox_app"
+BACKLOG = 5000  # the SIGTERM test: far more than the consumer takes before the signal
 
 
 def consume_args(inbound: Inbound, *extra: str, amqp_url: str | None = None) -> tuple[str, ...]:
@@ -144,6 +145,9 @@ async def test_sigterm_commits_and_acks_the_batch_in_hand_never_half(
 ) -> None:
     await _schema(database_url)
     await inbound.declare()
+    # The backlog is in the queue before the consumer starts: published while it consumed,
+    # a fast consumer (SQLite) kept up with the publisher and took all before the SIGTERM.
+    await inbound.publish(*events("term", BACKLOG))
     consumer = Consumer(
         cli,
         consume_args(inbound, "--prefetch", "40", "--max-batch", "10", "--instance-id", "c-term"),
@@ -153,7 +157,6 @@ async def test_sigterm_commits_and_acks_the_batch_in_hand_never_half(
     try:
         await consumer.started()
         await sigterm_handled(consumer.proc)
-        await inbound.publish(*events("term", 3000))
         await eventually(lambda: _acked_at_least(consumer, 30), "some batches acked")
         summary = await consumer.stop()
     finally:
@@ -167,7 +170,7 @@ async def test_sigterm_commits_and_acks_the_batch_in_hand_never_half(
     left = await inbound.ready()
     assert summary["shutdown_requested"] is True
     assert stored == summary["acked"] == summary["stored"]  # every commit acked, no other
-    assert stored + left == 3000  # nothing lost, nothing half
+    assert stored + left == BACKLOG  # nothing lost, nothing half
     assert left > 0
     [beat] = [b for b in beats if b.instance_id == "c-term"]
     assert beat.kind == "consumer" and beat.state == "stopped"
