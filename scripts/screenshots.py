@@ -31,6 +31,7 @@ from tests.console.showcase import (  # noqa: E402 - after the path set-up above
     FixedClock,
     build_showcase,
     copy_database,
+    prepare,
     showcase_app,
 )
 
@@ -70,6 +71,7 @@ SMALL_SCENES = (
 
 async def shoot(scene: str, out: Path, size: tuple[int, int], name: str) -> Path:
     clock = FixedClock()
+    await prepare(scene, clock)
     app = showcase_app(clock)
     async with app.run_test(size=size) as pilot:
         await SCENES[scene](pilot, clock)

@@ -19,6 +19,7 @@ from .showcase import (
     FixedClock,
     build_showcase,
     copy_database,
+    prepare,
     showcase_app,
 )
 
@@ -35,6 +36,7 @@ def _compare(scene, size, showcase_db, tmp_path, monkeypatch, snap_compare) -> b
     copy_database(showcase_db, tmp_path / "showcase.db")
     monkeypatch.chdir(tmp_path)
     clock = FixedClock()
+    asyncio.run(prepare(scene, clock))
     app = showcase_app(clock)
 
     async def run_before(pilot) -> None:
