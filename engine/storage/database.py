@@ -165,18 +165,21 @@ def waiting_at_most(engine: AsyncEngine, seconds: float) -> AsyncEngine:
     return engine.execution_options(**{_BUSY_TIMEOUT_OPTION: seconds})
 
 
+def configure_sqlite_connection(dbapi_connection: Any, _record: Any = None) -> None:
+    """Every SQLite connection, async or sync: WAL, the busy timeout, foreign keys, and
+    driver autocommit off so that the engine's "begin" listener emits BEGIN itself."""
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_TIMEOUT_SECONDS * 1000)}")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
 def _tune_sqlite(engine: AsyncEngine) -> None:
     sync_engine = engine.sync_engine
 
-    @event.listens_for(sync_engine, "connect")
-    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
-        # Let SQLAlchemy's "begin" event emit BEGIN itself (driver autocommit off).
-        dbapi_connection.isolation_level = None
-        cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_TIMEOUT_SECONDS * 1000)}")
-        cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.close()
+    event.listen(sync_engine, "connect", configure_sqlite_connection)
 
     @event.listens_for(sync_engine, "begin")
     def _on_begin(connection: Any) -> None:

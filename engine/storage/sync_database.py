@@ -17,7 +17,7 @@ from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.exc import ArgumentError
 
 from engine.errors import DatabaseUrlError
-from engine.storage.database import SQLITE_BUSY_TIMEOUT_SECONDS, _in_memory
+from engine.storage.database import _in_memory, configure_sqlite_connection
 from engine.storage.secrets import mask_url
 
 SYNC_DRIVERS = ("sqlite+pysqlite", "postgresql+psycopg", "postgresql+psycopg2")
@@ -67,15 +67,7 @@ def create_sync_engine(url: str | URL, **kwargs: Any) -> Engine:
 
 
 def _tune_sqlite(engine: Engine) -> None:
-    @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
-        # Let the "begin" event below emit BEGIN itself (driver autocommit off).
-        dbapi_connection.isolation_level = None
-        cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_TIMEOUT_SECONDS * 1000)}")
-        cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.close()
+    event.listen(engine, "connect", configure_sqlite_connection)
 
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Any) -> None:
